@@ -1,0 +1,56 @@
+# prfaas-testbed: every target depends on the virtualenv, so a fresh clone needs nothing else typed.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+NAME   ?= burst
+SUBSTRATE ?= local
+ARGS   ?=
+
+.PHONY: install test test-fast lint bench scenario scenarios plan clean help
+
+help:
+	@echo "make install             create .venv from pyproject.toml (idempotent)"
+	@echo "make scenario NAME=burst run scenarios/NAME.yaml into results/NAME/"
+	@echo "make scenarios           list the scenario library"
+	@echo "make plan NAME=paper     print the planner's table for scenarios/NAME.yaml"
+	@echo "make test                run the test suite (what CI runs)"
+	@echo "make lint                ruff + mypy"
+	@echo "make bench               run the bench/ scripts and print their figures"
+	@echo "make clean               remove .venv, results/ and caches"
+
+install: $(STAMP)
+
+# Reinstalls whenever pyproject.toml changes.
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not chaos and not compose"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	@for f in bench/*.py; do echo "== $$f"; $(BIN)/python $$f || exit $$?; done
+
+scenario: $(STAMP)
+	$(BIN)/testbed run scenarios/$(NAME).yaml --substrate $(SUBSTRATE) --out results/$(NAME) $(ARGS)
+
+scenarios: $(STAMP)
+	@$(BIN)/testbed scenarios
+
+plan: $(STAMP)
+	$(BIN)/testbed plan scenarios/$(NAME).yaml $(ARGS)
+
+clean:
+	rm -rf $(VENV) results .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

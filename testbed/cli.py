@@ -1,0 +1,50 @@
+"""The `testbed` command: one entry point, one subcommand per job.
+
+Subcommands register themselves through small `add_parser(subparsers)` functions that live next
+to the code they drive, so this file only wires them together. Every user error (bad config, bad
+arguments, a missing file) ends as one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from testbed import __version__
+from testbed.errors import UserError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="testbed",
+        description="Live emulation testbed for cross-datacenter prefill/decode LLM serving.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    from testbed import plan_cli
+    from testbed.link import cli as link_cli
+
+    plan_cli.add_parser(sub)
+    link_cli.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc: int = args.func(args)
+    except UserError as exc:
+        print(f"testbed: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("testbed: interrupted", file=sys.stderr)
+        return 130
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

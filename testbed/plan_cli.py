@@ -1,0 +1,101 @@
+"""`testbed plan SCENARIO.yaml`: the planner's best operating point for every deployment."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from testbed.config import Scenario, load_scenario
+from testbed.planner import PlanInputs, StagePlan, plan_deployment
+from testbed.units import format_tokens
+from testbed.workload.build import length_distribution
+
+
+def plan_inputs(scenario: Scenario) -> PlanInputs:
+    return PlanInputs(
+        lengths=length_distribution(scenario.workload.lengths),
+        output_tokens=scenario.workload.output_tokens,
+        tpot_slo_s=scenario.slo.tpot,
+        threshold_step=scenario.planner.threshold_step,
+    )
+
+
+def plan_scenario(scenario: Scenario) -> dict[str, StagePlan]:
+    inputs = plan_inputs(scenario)
+    return {name: plan_deployment(name, dep, inputs) for name, dep in scenario.deployments.items()}
+
+
+def render_table(plans: dict[str, StagePlan]) -> str:
+    def fmt(v: float | None, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
+    rows: list[tuple[str, list[str]]] = [
+        ("lambda_max (req/s)", [fmt(p.lambda_max_rps, ".2f") for p in plans.values()]),
+        (
+            "threshold t",
+            [
+                "-" if p.threshold_tokens is None else format_tokens(p.threshold_tokens)
+                for p in plans.values()
+            ],
+        ),
+        (
+            "N_prfaas / N_p / N_d",
+            [f"{p.n_prfaas or '-'} / {p.n_prefill or '-'} / {p.n_decode}" for p in plans.values()],
+        ),
+        (
+            "Theta prfaas/pdp/pdd",
+            [
+                f"{fmt(p.theta_prfaas_rps, '.2f')} / {fmt(p.theta_pdp_rps, '.2f')} / "
+                f"{p.theta_pdd_rps:.2f}"
+                for p in plans.values()
+            ],
+        ),
+        ("offload fraction", [f"{p.offload_fraction:.1%}" for p in plans.values()]),
+        (
+            "l_long / l_short",
+            [
+                f"{format_tokens(p.l_long_tokens)} / {format_tokens(p.l_short_tokens)}"
+                for p in plans.values()
+            ],
+        ),
+        ("egress (Gbps)", [f"{p.egress_gbps:.1f}" for p in plans.values()]),
+        ("BS_max @ T_decode", [f"{p.bs_max} @ {p.t_decode_s * 1e3:.0f}ms" for p in plans.values()]),
+        ("bottleneck", [p.bottleneck for p in plans.values()]),
+    ]
+    header = ["", *plans.keys()]
+    widths = [max(len(r[0]) for r in rows)] + [
+        max(len(h), *(len(r[1][i]) for r in rows)) for i, h in enumerate(header[1:])
+    ]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    for label, cells in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip([label, *cells], widths, strict=True)))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _run(args: argparse.Namespace) -> int:
+    scenario = load_scenario(args.scenario)
+    plans = plan_scenario(scenario)
+    if args.json:
+        doc: dict[str, Any] = {
+            "scenario": scenario.name,
+            "deployments": {name: plan.to_json() for name, plan in plans.items()},
+        }
+        print(json.dumps(doc, indent=2))
+    else:
+        print(f"planner: {scenario.name} (the paper's Eqs. 3-8)")
+        print(render_table(plans))
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "plan",
+        help="analytic throughput plan (the paper's Eqs. 3-8) for each deployment",
+        description="Print the planner's best operating point for every deployment of a "
+        "scenario: lambda_max, threshold, instance split, stage throughputs and link egress.",
+    )
+    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_run)

@@ -1,0 +1,200 @@
+"""The paper's analytic throughput model (Eqs. 3-6) and its grid search (Eqs. 7-8).
+
+This is the reference every live run is compared against, and the scheduler re-runs it at run
+time with measured capacity and bandwidth, so it is a pure function of its inputs:
+
+    Theta_prfaas = min(N_prfaas / T_prefill_prfaas(l_long), B_out / S_kv(l_long))
+    Theta_pdp    = N_p / T_prefill_local(l_short)
+    Theta_pdd    = N_d x BS_max / (T_decode x L_out)
+    Lambda_max   = min(Theta_prfaas / p, Theta_pdp / (1 - p), Theta_pdd)
+
+For `prfaas-pd` the search walks a grid of thresholds t and every PD split N_p + N_d = N_local,
+keeping the largest Lambda_max (ties go to the t where the two prefill stages balance, the
+paper's optimality condition). `homogeneous` is the same with p = 0 on one cluster; `naive` puts
+all prefill on PrfaaS (p = 1) and all decode locally.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from testbed.config import DeploymentConfig
+from testbed.profiles import MODELS, ModelProfile
+from testbed.workload.lengths import LengthDistribution
+
+__all__ = ["PlanInputs", "StagePlan", "plan_deployment", "stage_throughputs"]
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What the model needs besides the deployment: workload shape, SLO and link capacity."""
+
+    lengths: LengthDistribution
+    output_tokens: float
+    tpot_slo_s: float
+    threshold_step: float = 100.0
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One operating point of a deployment. Rates in requests/s, lengths in tokens."""
+
+    deployment: str
+    lambda_max_rps: float
+    n_prfaas: int
+    n_prefill: int
+    n_decode: int
+    threshold_tokens: float | None
+    offload_fraction: float
+    l_long_tokens: float
+    l_short_tokens: float
+    theta_prfaas_rps: float | None
+    """None where the deployment has no such stage (homogeneous has no PrfaaS, naive no PD-P)."""
+    theta_pdp_rps: float | None
+    theta_pdd_rps: float
+    egress_gbps: float
+    link_gbps: float
+    bs_max: int
+    t_decode_s: float
+    bottleneck: str
+
+    def to_json(self) -> dict[str, float | int | str | None]:
+        out = asdict(self)
+        del out["deployment"]
+        return out
+
+
+def stage_throughputs(
+    model: ModelProfile,
+    *,
+    prfaas_hw: str | None,
+    local_hw: str,
+    n_prfaas: int,
+    n_prefill: int,
+    n_decode: int,
+    link_bytes_per_s: float,
+    p: float,
+    l_long: float,
+    l_short: float,
+    output_tokens: float,
+    tpot_slo_s: float,
+) -> tuple[float, float, float, float]:
+    """(Theta_prfaas, Theta_pdp, Theta_pdd, Lambda_max) of Eqs. 3-6 for one operating point."""
+    if n_prfaas > 0 and prfaas_hw is not None and p > 0:
+        compute = n_prfaas / model.prefill_time(prfaas_hw, l_long)
+        network = link_bytes_per_s / model.kv_bytes(l_long)
+        theta_prfaas = min(compute, network)
+    else:
+        theta_prfaas = 0.0
+    theta_pdp = n_prefill / model.prefill_time(local_hw, l_short) if p < 1 and n_prefill else 0.0
+    decode = model.decode[local_hw]
+    bs_max = decode.bs_max(tpot_slo_s)
+    t_decode = decode.step_time(bs_max)
+    theta_pdd = n_decode * bs_max / (t_decode * output_tokens)
+    lam = min(
+        theta_prfaas / p if p > 0 else math.inf,
+        theta_pdp / (1 - p) if p < 1 else math.inf,
+        theta_pdd,
+    )
+    return theta_prfaas, theta_pdp, theta_pdd, lam
+
+
+def _threshold_grid(lengths: LengthDistribution, step: float) -> np.ndarray:
+    lo, hi = lengths.bounds
+    grid = np.arange(math.floor(lo / step) * step, hi + step, step)
+    return np.unique(np.clip(grid, lo, hi))
+
+
+def plan_deployment(
+    name: str,
+    deployment: DeploymentConfig,
+    inputs: PlanInputs,
+    *,
+    link_bytes_per_s: float | None = None,
+    n_prefill: int | None = None,
+) -> StagePlan:
+    """Best operating point of one deployment.
+
+    `link_bytes_per_s` overrides the configured link bandwidth (the scheduler passes what it
+    measures); `n_prefill` pins the PD split instead of searching it (the long-term loop owns it).
+    """
+    model = MODELS[deployment.model]
+    link = deployment.link.bandwidth if link_bytes_per_s is None else link_bytes_per_s
+    n_local = deployment.local.instances
+    prfaas_hw = deployment.prfaas.hardware if deployment.prfaas else None
+    n_prfaas_total = deployment.prfaas.instances if deployment.prfaas else 0
+
+    if deployment.kind == "naive":
+        splits = [(0, n_local)]
+        thresholds = np.array([-math.inf])
+    else:
+        fixed = n_prefill if n_prefill is not None else deployment.local.prefill
+        lo = 1 if fixed is None else fixed
+        hi = n_local - 1 if fixed is None else fixed
+        splits = [(n_p, n_local - n_p) for n_p in range(lo, hi + 1)]
+        if deployment.kind == "homogeneous":
+            thresholds = np.array([math.inf])
+        else:
+            thresholds = _threshold_grid(inputs.lengths, inputs.threshold_step)
+
+    best: tuple[tuple[float, float], StagePlan] | None = None
+    decode = model.decode[deployment.local.hardware]
+    bs_max = decode.bs_max(inputs.tpot_slo_s)
+    t_decode = decode.step_time(bs_max)
+    for t in thresholds:
+        if math.isinf(t):
+            mean = inputs.lengths.mean()
+            p, l_long, l_short = (1.0, mean, 0.0) if t < 0 else (0.0, 0.0, mean)
+        else:
+            p, l_long, l_short = inputs.lengths.split(float(t))
+        for n_p, n_d in splits:
+            th_pf, th_pdp, th_pdd, lam = stage_throughputs(
+                model,
+                prfaas_hw=prfaas_hw,
+                local_hw=deployment.local.hardware,
+                n_prfaas=n_prfaas_total,
+                n_prefill=n_p,
+                n_decode=n_d,
+                link_bytes_per_s=link,
+                p=p,
+                l_long=l_long,
+                l_short=l_short,
+                output_tokens=inputs.output_tokens,
+                tpot_slo_s=inputs.tpot_slo_s,
+            )
+            stage_rates = {
+                "prfaas": th_pf / p if p > 0 else math.inf,
+                "pd-p": th_pdp / (1 - p) if p < 1 else math.inf,
+                "pd-d": th_pdd,
+            }
+            finite = [v for v in (stage_rates["prfaas"], stage_rates["pd-p"]) if math.isfinite(v)]
+            imbalance = abs(finite[0] - finite[1]) if len(finite) == 2 else 0.0
+            key = (round(lam, 9), -imbalance)
+            if best is not None and key <= best[0]:
+                continue
+            egress = lam * p * model.kv_bytes(l_long) * 8 / 1e9 if p > 0 else 0.0
+            plan = StagePlan(
+                deployment=name,
+                lambda_max_rps=lam,
+                n_prfaas=n_prfaas_total if p > 0 else 0,
+                n_prefill=n_p,
+                n_decode=n_d,
+                threshold_tokens=float(t) if deployment.kind == "prfaas-pd" else None,
+                offload_fraction=p,
+                l_long_tokens=l_long,
+                l_short_tokens=l_short,
+                theta_prfaas_rps=th_pf if deployment.kind != "homogeneous" else None,
+                theta_pdp_rps=th_pdp if deployment.kind != "naive" else None,
+                theta_pdd_rps=th_pdd,
+                egress_gbps=egress,
+                link_gbps=link * 8 / 1e9 if deployment.prfaas else 0.0,
+                bs_max=bs_max,
+                t_decode_s=t_decode,
+                bottleneck=min(stage_rates, key=lambda k: stage_rates[k]),
+            )
+            best = (key, plan)
+    assert best is not None
+    return best[1]

@@ -1,0 +1,145 @@
+"""Shapes of model and hardware profiles: piecewise-linear curves and the per-layer KV split.
+
+The paper's throughput model interpolates its measured tables linearly (Table 5), so a profile is
+a handful of measured points plus linear interpolation, extrapolated from the end segments. The
+KV size is additionally split into a fixed linear-attention state part and a per-token
+full-attention part, spread over the layers, so engines can emit KV layer by layer and the layer
+sizes always add up to S_kv(l) exactly.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["Curve", "DecodeProfile", "HardwareProfile", "ModelProfile"]
+
+
+@dataclass(frozen=True)
+class Curve:
+    """y(x) by linear interpolation through measured points, linear extrapolation outside."""
+
+    xs: tuple[float, ...]
+    ys: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.xs) != len(self.ys) or len(self.xs) < 2:
+            raise ValueError("a curve needs at least two (x, y) points")
+        if any(b <= a for a, b in zip(self.xs, self.xs[1:], strict=False)):
+            raise ValueError("curve x values must be strictly increasing")
+
+    @classmethod
+    def of(cls, points: list[tuple[float, float]]) -> Curve:
+        return cls(tuple(p[0] for p in points), tuple(p[1] for p in points))
+
+    def __call__(self, x: float) -> float:
+        i = bisect.bisect_right(self.xs, x)
+        i = min(max(i, 1), len(self.xs) - 1)
+        x0, x1 = self.xs[i - 1], self.xs[i]
+        y0, y1 = self.ys[i - 1], self.ys[i]
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One serving instance (8 GPUs)."""
+
+    name: str
+    description: str
+
+
+@dataclass(frozen=True)
+class DecodeProfile:
+    """Decode step time of one instance as a function of batch size: base + per_seq x batch.
+
+    The paper gives only the operating point (T_decode ~ 25 ms at BS_max ~ 20 for the 40 tok/s
+    SLO); the affine form lets a live decode worker slow down as its batch grows and lets the
+    planner derive BS_max from any TPOT SLO instead of hard-coding 20.
+    """
+
+    step_base_s: float
+    step_per_seq_s: float
+    max_batch: int = 256
+
+    def step_time(self, batch: int) -> float:
+        return self.step_base_s + self.step_per_seq_s * max(batch, 1)
+
+    def bs_max(self, tpot_slo_s: float) -> int:
+        """Largest batch whose step time still meets the per-token SLO (at least 1)."""
+        if self.step_per_seq_s <= 0:
+            return self.max_batch
+        n = math.floor((tpot_slo_s - self.step_base_s) / self.step_per_seq_s + 1e-9)
+        return max(1, min(n, self.max_batch))
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """KV size, prefill time per hardware and decode speed per hardware of one model."""
+
+    name: str
+    description: str
+    kv_bytes_curve: Curve
+    """S_kv(l): bytes of KVCache for l input tokens (fixed states + full-attention KV)."""
+    state_bytes: float
+    """The fixed part of S_kv: linear-attention recurrent states, independent of length."""
+    layer_kinds: tuple[str, ...]
+    """"linear" or "full" per layer, in order."""
+    prefill: dict[str, Curve] = field(default_factory=dict)
+    """T_prefill(l) in seconds per hardware profile name."""
+    decode: dict[str, DecodeProfile] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if "full" not in self.layer_kinds:
+            raise ValueError(f"{self.name}: a model needs at least one full-attention layer")
+        if self.state_bytes > 0 and "linear" not in self.layer_kinds:
+            raise ValueError(f"{self.name}: fixed state bytes need linear-attention layers")
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layer_kinds)
+
+    def kv_bytes(self, tokens: float) -> float:
+        """S_kv(l), never below the fixed state part."""
+        if tokens <= 0:
+            return 0.0
+        return max(self.kv_bytes_curve(tokens), self.state_bytes)
+
+    def prefill_time(self, hardware: str, tokens: float) -> float:
+        if tokens <= 0:
+            return 0.0
+        return max(self.prefill[hardware](tokens), 0.0)
+
+    def kv_throughput(self, hardware: str, tokens: float) -> float:
+        """Phi_kv(l) = S_kv(l) / T_prefill(l), bytes/s of KV one instance emits."""
+        return self.kv_bytes(tokens) / self.prefill_time(hardware, tokens)
+
+    def layer_bytes(self, tokens: float) -> list[int]:
+        """Bytes each layer emits for `tokens` input tokens; sums to round(S_kv(l)).
+
+        Linear-attention layers carry an equal share of the fixed state; full-attention layers
+        share the length-dependent rest.
+        """
+        total = round(self.kv_bytes(tokens))
+        if total == 0:
+            return [0] * self.n_layers
+        n_lin = self.layer_kinds.count("linear")
+        n_full = self.n_layers - n_lin
+        state = min(round(self.state_bytes), total) if n_lin else 0
+        rest = total - state
+        out: list[int] = []
+        lin_i = full_i = 0
+        for kind in self.layer_kinds:
+            if kind == "linear":
+                out.append(_share(state, n_lin, lin_i))
+                lin_i += 1
+            else:
+                out.append(_share(rest, n_full, full_i))
+                full_i += 1
+        return out
+
+
+def _share(total: int, parts: int, i: int) -> int:
+    """The i-th of `parts` near-equal integer shares of `total` (the shares sum to total)."""
+    base, extra = divmod(total, parts)
+    return base + (1 if i < extra else 0)

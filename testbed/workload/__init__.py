@@ -1,0 +1,1 @@
+"""Workloads: input length distributions, arrival processes and trace readers."""
