@@ -1,1 +1,1 @@
-"""The cross-datacenter link: a Toxiproxy-compatible emulator, its client and kernel (tc) shaping."""
+"""The cross-datacenter link: a Toxiproxy-compatible emulator, its client, kernel (tc) shaping."""

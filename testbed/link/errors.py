@@ -1,0 +1,55 @@
+"""Errors of the link emulator's HTTP API, shaped like Toxiproxy's.
+
+Toxiproxy answers every failed call with `{"error": "<message>", "status": <code>}` and the same
+HTTP status; clients (toxiproxy-python among them) branch on the status alone: 400 bad input,
+404 unknown proxy or toxic, 409 duplicate name. Keeping one exception type for all of them means a
+handler can validate deep inside the emulator and the HTTP layer only has to render it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ApiError",
+    "bad_request",
+    "missing_field",
+    "proxy_exists",
+    "proxy_not_found",
+    "toxic_exists",
+    "toxic_not_found",
+]
+
+
+class ApiError(Exception):
+    """A failed API call: `message` and HTTP `status`, rendered as Toxiproxy renders them."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+    def to_json(self) -> dict[str, object]:
+        return {"error": self.message, "status": self.status}
+
+
+def bad_request(detail: str) -> ApiError:
+    return ApiError(f"bad request body: {detail}", 400)
+
+
+def missing_field(name: str) -> ApiError:
+    return ApiError(f"missing required field: {name}", 400)
+
+
+def proxy_not_found() -> ApiError:
+    return ApiError("proxy not found", 404)
+
+
+def proxy_exists() -> ApiError:
+    return ApiError("proxy already exists", 409)
+
+
+def toxic_not_found() -> ApiError:
+    return ApiError("toxic not found", 404)
+
+
+def toxic_exists() -> ApiError:
+    return ApiError("toxic already exists", 409)
