@@ -1,0 +1,383 @@
+"""The decode side of a KV transfer: a TCP server that reassembles and verifies requests.
+
+A decode instance runs one `KVReceiver`. Senders (PrfaaS prefill across the link, PD-P prefill
+inside the cluster) open several connections to it and stripe each request's frames across them;
+the rules for when a request is complete or failed live in `reassembly.py`, this module is the
+network side.
+
+Speed matters here (hundreds of MB/s on a 2-core machine shared with other processes), so each
+connection is an `asyncio.BufferedProtocol`: the kernel copies bytes straight into one reusable
+buffer, frames are parsed and checksummed in place through memoryviews, and payload bytes are
+never copied again unless `keep_payload=True`. Deadlines are enforced by one watchdog task per
+connection that wakes every `check_interval` seconds (idle connection, frame stalled halfway, ACKs
+not draining), instead of arming timers per frame.
+
+Backpressure: if the sender stops reading ACKs, the transport pauses writing and the connection
+stops reading frames until it resumes, so nothing grows without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
+
+from testbed.transfer.reassembly import KVManifest, Reassembler
+from testbed.transfer.wire import (
+    DEFAULT_MAX_PAYLOAD,
+    HEADER_SIZE,
+    ChecksumMismatch,
+    Header,
+    WireError,
+    decode_body,
+    decode_header,
+    encode_frame,
+)
+
+__all__ = ["KVManifest", "KVReceiver", "ReceiverStats"]
+
+log = logging.getLogger(__name__)
+
+_MIN_FREE = 64 << 10  # never offer the kernel less than this much buffer space
+_INITIAL_BUFFER = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiverStats:
+    """Counters since start. Byte counts are payload bytes; duplicates are counted apart."""
+
+    bytes_received: int  # unique payload bytes accepted
+    bytes_duplicate: int
+    frames: int  # all frames read, of any type, including corrupt ones
+    checksum_failures: int
+    protocol_errors: int  # connections dropped for undecodable input
+    timeouts: int  # connections dropped by the watchdog
+    connections_open: int
+    connections_total: int
+    requests_active: int
+    requests_completed: int
+    requests_failed: int
+
+
+class _Connection(asyncio.BufferedProtocol):
+    """One sender connection: parse frames in place, hand them to the reassembler, ACK."""
+
+    def __init__(self, receiver: KVReceiver) -> None:
+        self._rx = receiver
+        self._buf = bytearray(_INITIAL_BUFFER)
+        self._view = memoryview(self._buf)
+        self._start = 0  # first unparsed byte
+        self._end = 0  # one past the last received byte
+        self._header: Header | None = None  # parsed header of a frame whose rest is pending
+        self.transport: asyncio.Transport | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.last_activity = time.monotonic()
+        self.frame_started: float | None = None
+        self.write_paused_since: float | None = None
+        self.peer: object = None
+
+    # asyncio callbacks ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it: cast, not check.
+        self.transport = cast(asyncio.Transport, transport)
+        self.peer = transport.get_extra_info("peername")
+        self._rx._connection_made(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+        self._rx._connection_lost(self, exc)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._start == self._end:
+            self._start = self._end = 0
+        if len(self._buf) - self._end < _MIN_FREE:
+            self._make_room(_MIN_FREE)
+        return self._view[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._end += nbytes
+        self.last_activity = time.monotonic()
+        try:
+            self._parse()
+        except WireError as exc:
+            self._rx._protocol_error(self, exc)
+        except Exception:  # a bug must not take the receiver down; drop this connection loudly
+            log.exception("unexpected error on KV connection from %s", self.peer)
+            self.abort()
+
+    def eof_received(self) -> bool | None:
+        if self._start != self._end or self._header is not None:
+            log.info("KV connection from %s closed inside a frame", self.peer)
+        return None  # close the transport
+
+    def pause_writing(self) -> None:
+        # The sender is not reading ACKs: stop reading its frames until it catches up.
+        self.write_paused_since = time.monotonic()
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused_since = None
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    # parsing -------------------------------------------------------------------------------
+
+    def _parse(self) -> None:
+        rx = self._rx
+        view = self._view
+        while True:
+            header = self._header
+            if header is None:
+                if self._end - self._start < HEADER_SIZE:
+                    break
+                header = decode_header(
+                    view[self._start : self._start + HEADER_SIZE], max_payload=rx.max_payload
+                )
+                self._start += HEADER_SIZE
+                self._header = header
+            need = header.rest_len
+            if self._end - self._start < need:
+                if self.frame_started is None:
+                    self.frame_started = time.monotonic()
+                if len(self._buf) - self._start < need + _MIN_FREE:
+                    self._make_room(need + _MIN_FREE)
+                break
+            rest = view[self._start : self._start + need]
+            self._start += need
+            self._header = None
+            self.frame_started = None
+            try:
+                ack = rx.reassembler.on_frame(decode_body(header, rest))
+            except ChecksumMismatch as exc:
+                ack = rx.reassembler.on_corrupt(exc)
+            del rest
+            if ack is not None and self.transport is not None and not self.transport.is_closing():
+                self.transport.writelines(encode_frame(ack))
+
+    def _make_room(self, need: int) -> None:
+        """Move unparsed bytes to the front; grow the buffer if `need` bytes would not fit."""
+        tail = bytes(self._view[self._start : self._end])
+        if len(self._buf) < need + len(tail):
+            # A new buffer, never a resize: memoryviews of the old one may still be alive.
+            self._buf = bytearray(max(2 * len(self._buf), need + len(tail)))
+            self._view = memoryview(self._buf)
+        self._view[: len(tail)] = tail
+        self._start, self._end = 0, len(tail)
+
+    def abort(self) -> None:
+        """Drop the connection at once (RST): for broken or stalled peers."""
+        if self.transport is not None:
+            self.transport.abort()
+
+    def close(self) -> None:
+        """Close gracefully (FIN) after flushing ACKs: for idle peers."""
+        if self.transport is not None:
+            self.transport.close()
+
+
+class KVReceiver:
+    """Asyncio TCP server receiving KV frames; use `async with` or `start()` / `aclose()`.
+
+    Args:
+        host, port: where to listen; port 0 picks a free port (see `.port` after start).
+        keep_payload: keep each layer's bytes so `take_payload` can hand them out.
+        max_payload: largest DATA frame accepted; bigger frames drop the connection.
+        idle_timeout: close a connection that sends nothing for this long (senders reconnect);
+            None keeps idle connections for ever.
+        frame_timeout: drop a connection whose frame stays half-received this long, or whose
+            ACKs cannot be written for this long.
+        check_interval: how often the per-connection watchdog checks those deadlines.
+        retired_capacity: how many finished-and-discarded requests to remember, so late
+            duplicates are answered instead of resurrecting the request.
+        on_complete / on_failure: called once per request, from the event loop, when it
+            completes (with its manifest) or fails (with its id and reason).
+        clock: time source for manifest timestamps.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        keep_payload: bool = False,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        idle_timeout: float | None = 300.0,
+        frame_timeout: float = 30.0,
+        check_interval: float = 0.5,
+        retired_capacity: int = 4096,
+        on_complete: Callable[[KVManifest], None] | None = None,
+        on_failure: Callable[[str, str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._host = host
+        self._port = port
+        self.max_payload = max_payload
+        self._idle_timeout = idle_timeout
+        self._frame_timeout = frame_timeout
+        self._check_interval = check_interval
+        self.reassembler = Reassembler(
+            keep_payload=keep_payload,
+            retired_capacity=retired_capacity,
+            on_complete=on_complete,
+            on_failure=on_failure,
+            clock=clock,
+        )
+        self._server: asyncio.Server | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._tg: asyncio.TaskGroup | None = None
+        self._ready = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._conns: set[_Connection] = set()
+        self._closing = False
+        self._protocol_errors = 0
+        self._timeouts = 0
+        self._conns_total = 0
+
+    # ---------------------------------------------------------------------------- lifecycle
+
+    async def __aenter__(self) -> KVReceiver:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Bind and start accepting connections."""
+        if self._supervisor is not None:
+            raise RuntimeError("receiver already started")
+        self._supervisor = asyncio.create_task(self._run(), name="kv-receiver")
+        await self._ready.wait()
+        try:
+            loop = asyncio.get_running_loop()
+            self._server = await loop.create_server(
+                lambda: _Connection(self), self._host, self._port
+            )
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        """Stop listening, drop every connection and wait for their watchdogs to finish."""
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self._conns):
+            conn.abort()
+        self._stop.set()
+        if self._supervisor is not None:
+            await self._supervisor
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _run(self) -> None:
+        # Every connection's watchdog lives in this TaskGroup: closing the receiver ends them all.
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            self._ready.set()
+            await self._stop.wait()
+        self._tg = None
+
+    @property
+    def port(self) -> int:
+        """The bound TCP port (useful with port=0)."""
+        if self._server is None or not self._server.sockets:
+            raise RuntimeError("receiver is not listening")
+        return int(self._server.sockets[0].getsockname()[1])
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self._host, self.port
+
+    # ---------------------------------------------------------------------------- public API
+
+    async def wait(self, request_id: str, timeout: float | None) -> KVManifest:
+        """Wait until `request_id` is complete and verified; return its manifest.
+
+        Raises TransferError (with the reason) if it failed, TimeoutError after `timeout`
+        seconds. May be called before the first frame arrives.
+        """
+        return await self.reassembler.wait(request_id, timeout)
+
+    def status(self, request_id: str) -> str | None:
+        """'active', 'complete', 'failed', or None if unknown."""
+        return self.reassembler.status(request_id)
+
+    def discard(self, request_id: str) -> None:
+        """Free a request's state and payload (an active one is failed first)."""
+        self.reassembler.discard(request_id)
+
+    def take_payload(self, request_id: str) -> list[bytearray]:
+        """A complete request's bytes, one bytearray per layer; needs keep_payload=True."""
+        return self.reassembler.take_payload(request_id)
+
+    def stats(self) -> ReceiverStats:
+        r = self.reassembler
+        return ReceiverStats(
+            bytes_received=r.bytes_received,
+            bytes_duplicate=r.bytes_duplicate,
+            frames=r.frames,
+            checksum_failures=r.checksum_failures,
+            protocol_errors=self._protocol_errors,
+            timeouts=self._timeouts,
+            connections_open=len(self._conns),
+            connections_total=self._conns_total,
+            requests_active=r.active,
+            requests_completed=r.completed,
+            requests_failed=r.failed,
+        )
+
+    # ---------------------------------------------------------------------------- connections
+
+    def _connection_made(self, conn: _Connection) -> None:
+        if self._closing or self._tg is None:
+            conn.abort()
+            return
+        self._conns.add(conn)
+        self._conns_total += 1
+        self._tg.create_task(self._watchdog(conn), name="kv-receiver-watchdog")
+
+    def _connection_lost(self, conn: _Connection, exc: Exception | None) -> None:
+        self._conns.discard(conn)
+        if exc is not None:
+            log.debug("KV connection from %s lost: %r", conn.peer, exc)
+
+    def _protocol_error(self, conn: _Connection, exc: WireError) -> None:
+        self._protocol_errors += 1
+        log.warning("dropping KV connection from %s: %s", conn.peer, exc)
+        conn.abort()
+
+    async def _watchdog(self, conn: _Connection) -> None:
+        try:
+            while not conn.closed.done():
+                await asyncio.wait([conn.closed], timeout=self._check_interval)
+                now = time.monotonic()
+                reason = None
+                if conn.frame_started is not None and (
+                    now - conn.frame_started > self._frame_timeout
+                ):
+                    reason = f"frame stalled for more than {self._frame_timeout:g}s"
+                elif conn.write_paused_since is not None and (
+                    now - conn.write_paused_since > self._frame_timeout
+                ):
+                    reason = f"ACKs not drained for more than {self._frame_timeout:g}s"
+                elif self._idle_timeout is not None and (
+                    now - conn.last_activity > self._idle_timeout
+                ):
+                    log.debug("closing idle KV connection from %s", conn.peer)
+                    conn.close()
+                    return
+                if reason is not None and not conn.closed.done():
+                    self._timeouts += 1
+                    log.info("closing KV connection from %s: %s", conn.peer, reason)
+                    conn.abort()
+                    return
+        finally:
+            if not conn.closed.done():
+                conn.abort()
