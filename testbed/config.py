@@ -209,8 +209,8 @@ class ArrivalsConfig(_Model):
     burstiness: float = Field(
         1.0, gt=0, description="gamma: squared coefficient of variation of inter-arrival times"
     )
-    on: PositiveDuration = 10.0
-    off: PositiveDuration = 10.0
+    on_duration: PositiveDuration = 10.0
+    off_duration: PositiveDuration = 10.0
 
     @model_validator(mode="after")
     def _one_rate(self) -> ArrivalsConfig:

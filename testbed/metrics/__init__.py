@@ -1,0 +1,1 @@
+"""History, per-request records, summaries, reports and timelines of a run."""

@@ -1,0 +1,107 @@
+"""The record of one request's life, and the events of a run's history.
+
+Every number a report shows is derived from these records and events, so they carry everything:
+the route, the instances, the lengths, each lifecycle timestamp and the KV bytes moved. Times are
+real-world seconds since the start of the run (emulated seconds x time_scale) and byte counts are
+real-world bytes (wire bytes x byte_scale) unless a field name says `wire`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+Status = Literal["completed", "failed"]
+Route = Literal["prfaas", "local"]
+
+__all__ = ["HistoryEvent", "RequestRecord", "read_jsonl", "write_jsonl"]
+
+
+@dataclass
+class RequestRecord:
+    id: str
+    input_tokens: int
+    output_tokens: int
+    """Requested output length."""
+    arrival: float
+    status: Status = "failed"
+    failure_reason: str | None = None
+    route: Route | None = None
+    prefill_instance: str | None = None
+    decode_instance: str | None = None
+    cached_tokens: int = 0
+    tokens_out: int = 0
+    """Tokens actually streamed back to the client."""
+    prefill_start: float | None = None
+    prefill_end: float | None = None
+    transfer_start: float | None = None
+    transfer_end: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    kv_wire_bytes_expected: int = 0
+    """Sum over layers of S_kv(uncached length) / byte_scale, as the engine emits it."""
+    kv_wire_bytes_sent: int = 0
+    kv_wire_bytes_received: int = 0
+    kv_verified: bool = False
+    """Decode admitted the request only after every KV frame's checksum was verified."""
+    cross_dc: bool = False
+    """Whether the KV crossed the inter-datacenter link."""
+    retries: int = 0
+    threshold_tokens: float | None = None
+    """The threshold the policy applied to this request, if any."""
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.last_token is None else self.last_token - self.arrival
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first."""
+        if self.first_token is None or self.last_token is None or self.tokens_out < 2:
+            return None
+        return (self.last_token - self.first_token) / (self.tokens_out - 1)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> RequestRecord:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in doc.items() if k in names})
+
+
+@dataclass
+class HistoryEvent:
+    """One sample or event: `kind` is e.g. "link", "queue", "engine", "policy", "fault"."""
+
+    t: float
+    kind: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"t": self.t, "kind": self.kind, **self.data}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> HistoryEvent:
+        rest = {k: v for k, v in doc.items() if k not in ("t", "kind")}
+        return cls(t=float(doc["t"]), kind=str(doc["kind"]), data=rest)
+
+
+def write_jsonl(path: Path, docs: Iterable[dict[str, Any]]) -> None:
+    with path.open("w") as fh:
+        for doc in docs:
+            fh.write(json.dumps(doc, separators=(",", ":")) + "\n")
+
+
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    with path.open() as fh:
+        for line in fh:
+            if line.strip():
+                yield json.loads(line)

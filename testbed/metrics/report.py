@@ -1,0 +1,257 @@
+"""report.md: what ran, what came out (real-world units, scale stated) and whether checks held.
+
+The report is rendered only from the summary dict (see `testbed.metrics.summary`), the checker
+results and free-form notes, so it can be regenerated from a saved summary.json without rerunning
+anything. Keys the caller passed as `extra` to `summarize` ("deployment", "policy", "substrate",
+"seed", "offered_rps", ...) are shown under "What ran".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from testbed.scenario.checkers import CheckResult
+from testbed.units import format_size, format_tokens
+
+__all__ = ["render_report", "write_report"]
+
+_COMPUTED = {
+    "duration_s",
+    "scale",
+    "slo",
+    "requests",
+    "failures",
+    "throughput_rps",
+    "goodput_rps",
+    "slo_attainment",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+    "routes",
+    "by_route",
+    "link",
+    "kv_bytes",
+    "tokens",
+    "retries",
+    "queues",
+    "engine",
+    "policy_thresholds",
+    "faults",
+    "checks",  # the runner stores checker results in summary.json too; shown under Checks
+}
+
+
+def _num(v: Any, unit: str = "", digits: int = 4) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v}{unit}"
+    if isinstance(v, float):
+        # Large values (token counts, byte totals) read better whole than in e-notation.
+        return f"{v:,.0f}{unit}" if abs(v) >= 10**digits else f"{v:.{digits}g}{unit}"
+    return f"{v}{unit}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:.1f}%"
+
+
+def _size(v: float | None) -> str:
+    return "-" if v is None else format_size(v)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_describe(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return ", ".join(_describe(v) for v in value)
+    return _num(value)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return out
+
+
+def _latency_row(name: str, s: dict[str, Any]) -> list[str]:
+    return [name, *(_num(s.get(k), " s") for k in ("mean", "p50", "p90", "p99"))]
+
+
+def render_report(
+    scenario_name: str,
+    summary: dict[str, Any],
+    checks: Sequence[CheckResult],
+    notes: Sequence[str],
+    *,
+    timeline: str | None = None,
+) -> str:
+    """The markdown text of a report; `timeline` is a relative image path to embed, if any."""
+    scale, req, slo = summary["scale"], summary["requests"], summary["slo"]
+    passed = sum(1 for c in checks if c.ok)
+    verdict = "all checks passed" if passed == len(checks) else f"{len(checks) - passed} FAILED"
+    lines = [f"# {scenario_name}", ""]
+    lines += [
+        f"**{req['completed']}/{req['submitted']} requests completed, goodput "
+        f"{summary['goodput_rps']:.4g} req/s, {verdict}.**",
+        "",
+        "## What ran",
+        "",
+        f"- scale: time_scale {scale['time']:g} (emulation ran {scale['time']:g}x faster than "
+        f"real time), byte_scale {scale['bytes']:g} (KV on the wire is 1/{scale['bytes']:g} of "
+        "real size). Every number below is converted back to real-world units.",
+        f"- duration: {summary['duration_s']:g} s of arrivals (real-world)",
+        f"- SLO: TTFT <= {slo['ttft_s']:g} s, TPOT <= {slo['tpot_s'] * 1e3:.4g} ms "
+        f"(+{slo['tpot_tolerance'] * 100:g}% tolerance for goodput)",
+    ]
+    for key, value in summary.items():
+        if key not in _COMPUTED:
+            lines.append(f"- {key}: {_describe(value)}")
+
+    lines += ["", "## Summary (real-world units)", ""]
+    failures = ", ".join(f"{k}: {v}" for k, v in summary["failures"].items()) or "none"
+    thr = summary.get("policy_thresholds", {})
+    rows = [
+        ["requests submitted", _num(req["submitted"])],
+        ["completed", _num(req["completed"])],
+        ["failed", f"{req['failed']} ({failures})"],
+        ["throughput", _num(summary["throughput_rps"], " req/s")],
+        ["goodput (within SLO)", _num(summary["goodput_rps"], " req/s")],
+        ["SLO attainment", _pct(summary.get("slo_attainment"))],
+        ["retries", _num(summary.get("retries"))],
+        ["KV expected / sent / received", " / ".join(
+            _size(summary["kv_bytes"][k]) for k in ("expected", "sent", "received")
+        )],
+        ["KV across the link", _size(summary["kv_bytes"].get("cross_dc"))],
+    ]  # fmt: skip
+    if thr.get("samples"):
+        rows.append(
+            [
+                "policy threshold (last, min-max)",
+                f"{format_tokens(thr['last'])} tokens "
+                f"({format_tokens(thr['min'])}-{format_tokens(thr['max'])})",
+            ]
+        )
+    lines += _table(["metric", "value"], rows)
+    lines += ["", "### Latency", ""]
+    lines += _table(
+        ["", "mean", "p50", "p90", "p99"],
+        [
+            _latency_row("TTFT", summary["ttft_s"]),
+            _latency_row("TPOT", summary["tpot_s"]),
+            _latency_row("E2E", summary["e2e_s"]),
+        ],
+    )
+
+    lines += ["", "## Routes", ""]
+    by_route = summary.get("by_route", {})
+    if by_route:
+        lines += _table(
+            ["route", "requests", "completed", "failed", "mean input", "mean cached",
+             "TTFT p50", "TTFT p90", "KV received"],
+            [
+                [route, _num(r["requests"]), _num(r["completed"]), _num(r["failed"]),
+                 _num(r["input_tokens_mean"], digits=5), _num(r["cached_tokens_mean"], digits=5),
+                 _num(r["ttft_s"]["p50"], " s"), _num(r["ttft_s"]["p90"], " s"),
+                 _size(r["kv_bytes"])]
+                for route, r in by_route.items()
+            ],
+        )  # fmt: skip
+    else:
+        lines.append("No requests.")
+
+    link = summary["link"]
+    lines += ["", "## Link", ""]
+    if link["samples"]:
+        cfg = link["configured_gbps"]
+        lines += _table(
+            ["bytes moved", "mean", "peak", "configured (min-max)", "utilisation"],
+            [
+                [
+                    _size(link["bytes"]),
+                    _num(link["mean_gbps"], " Gbps"),
+                    _num(link["peak_gbps"], " Gbps"),
+                    f"{_num(cfg['min'])}-{_num(cfg['max'])} Gbps",
+                    _pct(link.get("utilisation")),
+                ]
+            ],
+        )
+    else:
+        lines.append("No link samples (no cross-datacenter link in this deployment, or none used).")
+
+    queues = summary.get("queues", {})
+    if queues:
+        lines += ["", "## Queues", ""]
+        lines += _table(
+            ["cluster/role", "peak depth", "mean depth"],
+            [[k, _num(v["peak_depth"]), _num(v["mean_depth"])] for k, v in queues.items()],
+        )
+
+    engine = summary.get("engine", {})
+    lines += ["", "## Engine timing", ""]
+    if engine.get("instances"):
+        lines.append(
+            "How late emulated engine steps ran against their cost-model schedule; a large "
+            "timing error means the host was too slow for this time_scale and latencies are "
+            "inflated."
+        )
+        lines.append("")
+        lines += _table(
+            ["instance", "steps", "lateness mean", "lateness p99", "timing error"],
+            [
+                [
+                    name,
+                    _num(e["steps"]),
+                    _num(e["lateness_mean_s"], " s"),
+                    _num(e["lateness_p99_s"], " s"),
+                    _pct(e["timing_error"]),
+                ]
+                for name, e in engine["instances"].items()
+            ],
+        )
+        lines += ["", f"Worst timing error: {_pct(engine.get('max_timing_error'))}."]
+    else:
+        lines.append("No engine timing reported.")
+
+    faults = summary.get("faults", [])
+    if faults:
+        lines += ["", "## Faults", ""]
+        for f in faults:
+            rest = {k: v for k, v in f.items() if k not in ("t", "action")}
+            lines.append(
+                f"- t = {f['t']:.4g} s: {f.get('action', '?')}"
+                + (f" ({_describe(rest)})" if rest else "")
+            )
+
+    lines += ["", "## Checks", ""]
+    if checks:
+        lines += _table(
+            ["check", "result", "detail"],
+            [[c.name, "PASS" if c.ok else "**FAIL**", c.detail] for c in checks],
+        )
+    else:
+        lines.append("No checkers ran.")
+
+    if timeline:
+        lines += ["", "## Timeline", "", f"![timeline]({timeline})"]
+    if notes:
+        lines += ["", "## Notes", ""]
+        lines += [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(
+    out_dir: Path,
+    scenario_name: str,
+    summary: dict[str, Any],
+    checks: list[CheckResult],
+    notes: list[str],
+) -> Path:
+    """Write out_dir/report.md (embedding timeline.png if it is already there) and return it."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    timeline = "timeline.png" if (out_dir / "timeline.png").exists() else None
+    path = out_dir / "report.md"
+    path.write_text(render_report(scenario_name, summary, checks, notes, timeline=timeline))
+    return path

@@ -1,0 +1,280 @@
+"""One run's numbers, in real-world units, as a plain JSON-ready dict.
+
+Everything a report, a comparison or a CI assertion needs is computed here from the two inputs
+every run leaves behind: the request records and the history. Records and history times are
+already real-world seconds (the runner multiplies emulated time by time_scale); byte fields named
+`wire` are emulated and become real-world bytes here by multiplying by byte_scale. The scale is
+written into the summary so a reader always knows how the numbers were produced.
+
+Definitions worth knowing:
+- throughput_rps: completed requests / duration_s (the arrival window of the run).
+- goodput_rps: completed requests whose TTFT <= slo.ttft and whose TPOT <= (1 / decode speed)
+  x (1 + TPOT_TOLERANCE), per second of duration_s. A request with fewer than two output tokens
+  has no TPOT and is judged on TTFT alone. The tolerance absorbs scheduler jitter of an emulated
+  decode step that is nominally exactly at the SLO (the planner sizes batches to hit it).
+- latency statistics (ttft_s, tpot_s, e2e_s) are over completed requests only: a failed request's
+  latency is not a latency but a failure, counted under `failures`.
+- link: from "link" history events. bytes = the last cumulative `wire_bytes` x byte_scale;
+  mean_gbps = those bytes over the time of the last sample (the counter starts at 0 at t = 0);
+  peak_gbps = the largest sampled interval rate.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from testbed.config import SloConfig
+from testbed.metrics.records import HistoryEvent, RequestRecord
+from testbed.units import format_size
+
+__all__ = [
+    "TPOT_TOLERANCE",
+    "link_stats",
+    "meets_slo",
+    "queue_depth_series",
+    "stats",
+    "summarize",
+    "to_text",
+]
+
+TPOT_TOLERANCE = 0.05
+"""Relative slack on the TPOT SLO when judging goodput (see the module docstring)."""
+
+
+def stats(values: list[float]) -> dict[str, float | None]:
+    """Mean and p50/p90/p99 (linear interpolation); all None when there is no data."""
+    if not values:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    a = np.asarray(values, dtype=np.float64)
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {"mean": float(a.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def meets_slo(rec: RequestRecord, slo: SloConfig) -> bool:
+    """Whether a request counts towards goodput: completed, TTFT and TPOT within the SLO."""
+    if rec.status != "completed" or rec.ttft is None or rec.ttft > slo.ttft:
+        return False
+    tpot = rec.tpot
+    return tpot is None or tpot <= slo.tpot * (1.0 + TPOT_TOLERANCE)
+
+
+def link_stats(history: list[HistoryEvent], byte_scale: float) -> dict[str, Any]:
+    """Bytes and rates of the inter-datacenter link from its "link" samples, real-world units."""
+    samples = sorted((e for e in history if e.kind == "link"), key=lambda e: e.t)
+    if not samples:
+        return {
+            "samples": 0,
+            "bytes": 0.0,
+            "mean_gbps": None,
+            "peak_gbps": None,
+            "configured_gbps": {"min": None, "max": None},
+            "utilisation": None,
+        }
+    real_bytes = float(max(e.data.get("wire_bytes", 0) for e in samples)) * byte_scale
+    last_t = samples[-1].t
+    mean_gbps = real_bytes * 8.0 / 1e9 / last_t if last_t > 0 else None
+    rates = [float(e.data["gbps"]) for e in samples if e.data.get("gbps") is not None]
+    configured = [
+        float(e.data["configured_gbps"])
+        for e in samples
+        if e.data.get("configured_gbps") is not None
+    ]
+    mean_configured = _time_weighted_mean(samples, "configured_gbps")
+    return {
+        "samples": len(samples),
+        "bytes": real_bytes,
+        "mean_gbps": mean_gbps,
+        "peak_gbps": max(rates) if rates else None,
+        "configured_gbps": {
+            "min": min(configured) if configured else None,
+            "max": max(configured) if configured else None,
+        },
+        "utilisation": (
+            mean_gbps / mean_configured if mean_gbps is not None and mean_configured else None
+        ),
+    }
+
+
+def _time_weighted_mean(samples: list[HistoryEvent], key: str) -> float | None:
+    """Mean of a sampled value, each sample weighted by the interval it closes (from t = 0)."""
+    total, weight, prev_t = 0.0, 0.0, 0.0
+    for e in samples:
+        v = e.data.get(key)
+        dt = e.t - prev_t
+        prev_t = e.t
+        if v is None or dt <= 0:
+            continue
+        total += float(v) * dt
+        weight += dt
+    return total / weight if weight > 0 else None
+
+
+def _by_route(records: list[RequestRecord], byte_scale: float) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for route in sorted({r.route or "unrouted" for r in records}):
+        rs = [r for r in records if (r.route or "unrouted") == route]
+        done = [r for r in rs if r.status == "completed"]
+        out[route] = {
+            "requests": len(rs),
+            "completed": len(done),
+            "failed": len(rs) - len(done),
+            "input_tokens_mean": float(np.mean([r.input_tokens for r in rs])),
+            "cached_tokens_mean": float(np.mean([r.cached_tokens for r in rs])),
+            "ttft_s": stats([t for r in done if (t := r.ttft) is not None]),
+            "e2e_s": stats([t for r in done if (t := r.e2e) is not None]),
+            "kv_bytes": float(sum(r.kv_wire_bytes_received for r in rs)) * byte_scale,
+        }
+    return out
+
+
+def queue_depth_series(history: list[HistoryEvent]) -> dict[str, tuple[list[float], list[int]]]:
+    """Total queue depth per "cluster/role" over time, summed over that group's instances.
+
+    Instances sample at their own instants, so each instance's depth is held at its last sampled
+    value (0 before its first sample) and the group total is evaluated at every sample instant of
+    the group. Returns {"prfaas/prefill": (times, depths), ...}.
+    """
+    raw: dict[str, dict[str, list[tuple[float, int]]]] = {}
+    for e in history:
+        if e.kind != "queue":
+            continue
+        key = f"{e.data.get('cluster', '?')}/{e.data.get('role', '?')}"
+        inst = str(e.data.get("instance", "?"))
+        raw.setdefault(key, {}).setdefault(inst, []).append((e.t, int(e.data.get("depth", 0))))
+    out: dict[str, tuple[list[float], list[int]]] = {}
+    for key, per_instance in sorted(raw.items()):
+        grid = np.array(sorted({t for series in per_instance.values() for t, _ in series}))
+        total = np.zeros(len(grid), dtype=np.int64)
+        for series in per_instance.values():
+            series.sort(key=lambda p: p[0])
+            ts = np.array([t for t, _ in series])
+            ds = np.array([d for _, d in series], dtype=np.int64)
+            idx = np.searchsorted(ts, grid, side="right") - 1
+            total += np.where(idx >= 0, ds[np.maximum(idx, 0)], 0)
+        out[key] = ([float(t) for t in grid], [int(d) for d in total])
+    return out
+
+
+def _queues(history: list[HistoryEvent]) -> dict[str, Any]:
+    """Peak and mean (over sample instants) total queue depth per cluster/role."""
+    return {
+        key: {"peak_depth": max(depths), "mean_depth": float(np.mean(depths))}
+        for key, (_, depths) in queue_depth_series(history).items()
+    }
+
+
+def _engines(history: list[HistoryEvent]) -> dict[str, Any]:
+    instances: dict[str, Any] = {}
+    for e in history:
+        if e.kind != "engine":
+            continue
+        d = e.data
+        instances[str(d.get("instance", "?"))] = {
+            "steps": d.get("steps"),
+            "lateness_mean_s": d.get("lateness_mean_s"),
+            "lateness_p99_s": d.get("lateness_p99_s"),
+            "timing_error": d.get("timing_error"),
+        }
+    errors = [float(v["timing_error"]) for v in instances.values() if v["timing_error"] is not None]
+    return {"instances": instances, "max_timing_error": max(errors) if errors else None}
+
+
+def summarize(
+    records: list[RequestRecord],
+    history: list[HistoryEvent],
+    *,
+    duration_s: float,
+    slo: SloConfig,
+    time_scale: float,
+    byte_scale: float,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The summary of one run (see the module docstring for definitions).
+
+    `extra` is merged in at the top level for what only the caller knows, e.g. "scenario",
+    "deployment", "policy", "substrate", "seed", "offered_rps"; the report shows these. A key that
+    would overwrite a computed one is an error rather than a silent replacement.
+    """
+    if duration_s <= 0:
+        raise ValueError(f"duration_s must be positive, got {duration_s!r}")
+    done = [r for r in records if r.status == "completed"]
+    failed = [r for r in records if r.status != "completed"]
+    good = [r for r in done if meets_slo(r, slo)]
+    thresholds = [
+        float(e.data["threshold_tokens"])
+        for e in history
+        if e.kind == "policy" and e.data.get("threshold_tokens") is not None
+    ]
+    summary: dict[str, Any] = {
+        "duration_s": duration_s,
+        "scale": {"time": time_scale, "bytes": byte_scale},
+        "slo": {"ttft_s": slo.ttft, "tpot_s": slo.tpot, "tpot_tolerance": TPOT_TOLERANCE},
+        "requests": {"submitted": len(records), "completed": len(done), "failed": len(failed)},
+        "failures": dict(sorted(Counter(r.failure_reason or "unknown" for r in failed).items())),
+        "throughput_rps": len(done) / duration_s,
+        "goodput_rps": len(good) / duration_s,
+        "slo_attainment": len(good) / len(records) if records else None,
+        "ttft_s": stats([t for r in done if (t := r.ttft) is not None]),
+        "tpot_s": stats([t for r in done if (t := r.tpot) is not None]),
+        "e2e_s": stats([t for r in done if (t := r.e2e) is not None]),
+        "routes": dict(sorted(Counter(r.route or "unrouted" for r in records).items())),
+        "by_route": _by_route(records, byte_scale),
+        "link": link_stats(history, byte_scale),
+        "kv_bytes": {
+            "expected": float(sum(r.kv_wire_bytes_expected for r in records)) * byte_scale,
+            "sent": float(sum(r.kv_wire_bytes_sent for r in records)) * byte_scale,
+            "received": float(sum(r.kv_wire_bytes_received for r in records)) * byte_scale,
+            "cross_dc": float(sum(r.kv_wire_bytes_received for r in records if r.cross_dc))
+            * byte_scale,
+        },
+        "tokens": {
+            "input": sum(r.input_tokens for r in records),
+            "cached": sum(r.cached_tokens for r in records),
+            "output": sum(r.tokens_out for r in records),
+        },
+        "retries": sum(r.retries for r in records),
+        "queues": _queues(history),
+        "engine": _engines(history),
+        "policy_thresholds": {
+            "samples": len(thresholds),
+            "min": min(thresholds) if thresholds else None,
+            "max": max(thresholds) if thresholds else None,
+            "last": thresholds[-1] if thresholds else None,
+        },
+        "faults": [{"t": e.t, **e.data} for e in history if e.kind == "fault"],
+    }
+    for key, value in (extra or {}).items():
+        if key in summary:
+            raise ValueError(f"extra key {key!r} would overwrite a computed summary field")
+        summary[key] = value
+    return summary
+
+
+def _fmt(v: float | None, unit: str = "s", digits: int = 3) -> str:
+    return "-" if v is None else f"{v:.{digits}g}{unit}"
+
+
+def to_text(summary: dict[str, Any]) -> str:
+    """A few lines for the console after a run."""
+    req, scale, link = summary["requests"], summary["scale"], summary["link"]
+    ttft, e2e = summary["ttft_s"], summary["e2e_s"]
+    routes = ", ".join(f"{k} {v}" for k, v in summary["routes"].items()) or "-"
+    top = sorted(summary["failures"].items(), key=lambda kv: -kv[1])
+    failures = "; ".join(f"{v}x {k[:100]}" for k, v in top[:3])
+    if len(top) > 3:
+        failures += f"; and {len(top) - 3} other reasons (see summary.json)"
+    lines = [
+        f"requests: {req['submitted']} submitted, {req['completed']} completed, "
+        f"{req['failed']} failed" + (f" ({failures})" if failures else ""),
+        f"throughput {summary['throughput_rps']:.3g} req/s, goodput "
+        f"{summary['goodput_rps']:.3g} req/s over {summary['duration_s']:g}s; routes: {routes}",
+        f"TTFT mean {_fmt(ttft['mean'])} p50 {_fmt(ttft['p50'])} p90 {_fmt(ttft['p90'])} "
+        f"p99 {_fmt(ttft['p99'])}; E2E p50 {_fmt(e2e['p50'])} p99 {_fmt(e2e['p99'])}",
+        f"link: {format_size(link['bytes'])} moved, mean {_fmt(link['mean_gbps'], ' Gbps')}, "
+        f"peak {_fmt(link['peak_gbps'], ' Gbps')}",
+        f"(real-world units; time_scale {scale['time']:g}, byte_scale {scale['bytes']:g})",
+    ]
+    return "\n".join(lines)

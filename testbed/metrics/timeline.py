@@ -1,0 +1,199 @@
+"""timeline.png: one picture of a run, to see at a glance what happened when.
+
+Four panels share the real-world time axis, top to bottom, in the order cause leads to effect:
+arrivals per second (stacked by route), total queue depth per cluster/role, link throughput
+(measured against configured), and each request's TTFT at its arrival time (with the SLO line
+and failed requests marked). Faults from the history are drawn as vertical lines through every
+panel, so a TTFT spike can be read straight up to the fault or burst that caused it.
+
+matplotlib is imported inside `write_timeline` so importing this module, which the CLI does, stays
+cheap. It draws on a bare Figure with the Agg canvas rather than through pyplot, so it never needs
+a display, never switches the process-wide backend and leaves no figure registered globally.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from testbed.metrics.records import HistoryEvent, RequestRecord
+from testbed.metrics.summary import queue_depth_series
+
+__all__ = ["write_timeline"]
+
+_LEGEND: dict[str, Any] = {"loc": "upper left", "bbox_to_anchor": (1.005, 1.0), "fontsize": 8}
+"""Legends sit outside the plot on the right, so they never hide data."""
+_ROUTE_COLORS = {"prfaas": "tab:orange", "local": "tab:blue", "unrouted": "tab:gray"}
+_GROUP_COLORS = {
+    "prfaas/prefill": "tab:orange",
+    "local/prefill": "tab:blue",
+    "local/decode": "tab:green",
+}
+
+
+def _bin_width(span: float) -> float:
+    """Arrival histogram bin: 1 s, or a 1-2-5 multiple so a long run has at most ~150 bins."""
+    target = span / 150.0
+    if target <= 1.0:
+        return 1.0
+    mag = 10.0 ** math.floor(math.log10(target))
+    return next(m * mag for m in (1.0, 2.0, 5.0, 10.0) if m * mag >= target)
+
+
+def _end_time(records: Sequence[RequestRecord], history: Sequence[HistoryEvent]) -> float:
+    times = [e.t for e in history]
+    for r in records:
+        times += [t for t in (r.arrival, r.first_token, r.last_token) if t is not None]
+    return max(times, default=1.0) or 1.0
+
+
+def _no_data(ax: Any, what: str) -> None:
+    ax.text(0.5, 0.5, f"no {what}", transform=ax.transAxes, ha="center", va="center", color="0.5")
+
+
+def write_timeline(
+    path: Path,
+    records: Sequence[RequestRecord],
+    history: Sequence[HistoryEvent],
+    *,
+    title: str,
+    ttft_slo_s: float | None = None,
+) -> Path:
+    """Render the four-panel timeline of a run to `path` (PNG) and return it.
+
+    All times are real-world seconds since the start of the run; `ttft_slo_s` draws the SLO line
+    on the TTFT panel.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    end = _end_time(records, history)
+    fig = Figure(figsize=(12, 11), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(4, 1, sharex=True)
+    ax_arr, ax_q, ax_link, ax_ttft = axes
+    fig.suptitle(title, fontsize=14)
+
+    # 1. Arrivals per second, stacked by route.
+    width = _bin_width(end)
+    edges = np.arange(0.0, end + width, width)
+    routes = sorted({r.route or "unrouted" for r in records})
+    bottom = np.zeros(len(edges) - 1)
+    for route in routes:
+        arrivals = [r.arrival for r in records if (r.route or "unrouted") == route]
+        counts, _ = np.histogram(arrivals, bins=edges)
+        top = bottom + counts / width
+        ax_arr.stairs(
+            top,
+            edges,
+            baseline=bottom,
+            fill=True,
+            alpha=0.8,
+            color=_ROUTE_COLORS.get(route),
+            label=f"{route} ({len(arrivals)})",
+        )
+        bottom = top
+    if records:
+        ax_arr.legend(**_LEGEND, title="route (requests)", title_fontsize=8)
+    else:
+        _no_data(ax_arr, "requests")
+    ax_arr.set_ylabel("arrivals / s")
+    ax_arr.set_title(f"Arrivals per second by route ({width:g} s bins)", loc="left", fontsize=10)
+
+    # 2. Queue depth per cluster/role (summed over instances).
+    series = queue_depth_series(list(history))
+    for group, (ts, depths) in series.items():
+        ax_q.step(ts, depths, where="post", color=_GROUP_COLORS.get(group), label=group)
+    if series:
+        ax_q.legend(**_LEGEND)
+    else:
+        _no_data(ax_q, "queue samples")
+    ax_q.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax_q.set_ylabel("queued requests")
+    ax_q.set_title("Queue depth per cluster/role (sum over instances)", loc="left", fontsize=10)
+
+    # 3. Link throughput: measured over each sample interval vs configured bandwidth.
+    link = sorted((e for e in history if e.kind == "link"), key=lambda e: e.t)
+    if link:
+        t = [e.t for e in link]
+        measured = [float(e.data.get("gbps") or 0.0) for e in link]
+        configured = [e.data.get("configured_gbps") for e in link]
+        # Each sample is the rate over the interval that *ends* at its time: step "pre".
+        ax_link.step(t, measured, where="pre", color="tab:purple", label="measured")
+        if any(c is not None for c in configured):
+            ax_link.step(
+                t,
+                [np.nan if c is None else float(c) for c in configured],
+                where="post",
+                color="black",
+                linestyle="--",
+                label="configured",
+            )
+        ax_link.set_ylim(bottom=0)
+        ax_link.legend(**_LEGEND)
+    else:
+        _no_data(ax_link, "link samples")
+    ax_link.set_ylabel("Gbit/s")
+    ax_link.set_title("Cross-datacenter link throughput (real-world)", loc="left", fontsize=10)
+
+    # 4. TTFT per request at its arrival time, by route; failures along the bottom.
+    for route in routes:
+        pts = [
+            (r.arrival, ttft)
+            for r in records
+            if (r.route or "unrouted") == route and (ttft := r.ttft) is not None
+        ]
+        if pts:
+            xs, ys = zip(*pts, strict=True)
+            ax_ttft.scatter(xs, ys, s=8, alpha=0.7, color=_ROUTE_COLORS.get(route), label=route)
+    failed = [r.arrival for r in records if r.status != "completed"]
+    if failed:
+        ax_ttft.scatter(
+            failed,
+            [0.0] * len(failed),
+            marker="x",
+            s=20,
+            color="red",
+            clip_on=False,
+            label=f"failed ({len(failed)}, at their arrival)",
+        )
+    if ttft_slo_s is not None:
+        ax_ttft.axhline(
+            ttft_slo_s, color="red", linestyle="--", linewidth=1, label=f"TTFT SLO {ttft_slo_s:g} s"
+        )
+    if records:
+        ax_ttft.legend(**_LEGEND)
+    else:
+        _no_data(ax_ttft, "requests")
+    ax_ttft.set_ylim(bottom=0)
+    ax_ttft.set_ylabel("TTFT (s)")
+    ax_ttft.set_title("Time to first token per request, at its arrival", loc="left", fontsize=10)
+    ax_ttft.set_xlabel("time since start of run (real-world seconds)")
+    ax_ttft.set_xlim(0, end)
+
+    # Faults through every panel, labelled once at the top.
+    for e in history:
+        if e.kind != "fault":
+            continue
+        for ax in axes:
+            ax.axvline(e.t, color="crimson", linestyle=":", linewidth=1.2)
+        ax_arr.annotate(
+            str(e.data.get("action", "fault")),
+            (e.t, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(2, -10),
+            textcoords="offset points",
+            fontsize=8,
+            color="crimson",
+        )
+
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    return path

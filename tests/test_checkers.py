@@ -1,0 +1,124 @@
+from dataclasses import replace
+
+import pytest
+
+from testbed.metrics.records import RequestRecord
+from testbed.scenario.checkers import (
+    CheckResult,
+    check_kv_accounted,
+    check_no_unverified_decode,
+    check_nothing_lost,
+    run_checkers,
+)
+
+
+def done(i: int, kv: int = 1000) -> RequestRecord:
+    return RequestRecord(
+        id=f"r{i:06d}",
+        input_tokens=100,
+        output_tokens=4,
+        arrival=float(i),
+        status="completed",
+        tokens_out=4,
+        kv_wire_bytes_expected=kv,
+        kv_wire_bytes_sent=kv,
+        kv_wire_bytes_received=kv,
+        kv_verified=True,
+    )
+
+
+def failed(i: int, reason: str | None = "prefill instance died") -> RequestRecord:
+    return RequestRecord(
+        id=f"r{i:06d}",
+        input_tokens=100,
+        output_tokens=4,
+        arrival=float(i),
+        status="failed",
+        failure_reason=reason,
+    )
+
+
+def good() -> list[RequestRecord]:
+    return [done(1), done(2, kv=0), failed(3), done(4)]
+
+
+IDS = ["r000001", "r000002", "r000003", "r000004"]
+
+
+def test_all_pass_on_good_records() -> None:
+    results = run_checkers(good(), IDS)
+    assert [r.name for r in results] == ["nothing_lost", "kv_accounted", "no_unverified_decode"]
+    assert all(isinstance(r, CheckResult) and r.ok for r in results), results
+    assert results[0].detail == "4 submitted, 3 completed, 1 failed"
+    assert "expected 2000, sent 2000, received 2000" in results[1].detail
+
+
+@pytest.mark.parametrize(
+    ("records", "ids", "needle"),
+    [
+        (good()[:3], IDS, "1 submitted without a record: r000004"),
+        ([*good(), done(4)], IDS, "1 with more than one record: r000004"),
+        ([*good(), done(9)], IDS, "1 records for ids never submitted: r000009"),
+        ([done(1), done(2), failed(3, None), done(4)], IDS, "1 failed without a reason: r000003"),
+        ([done(1), done(2), failed(3, "  "), done(4)], IDS, "failed without a reason: r000003"),
+        (good(), [*IDS, "r000001"], "ids submitted more than once: r000001"),
+    ],
+)
+def test_nothing_lost_fails_on(records: list[RequestRecord], ids: list[str], needle: str) -> None:
+    r = check_nothing_lost(records, ids)
+    assert not r.ok
+    assert needle in r.detail
+
+
+def test_nothing_lost_rejects_an_unknown_status() -> None:
+    rec = done(1)
+    rec.status = "running"  # type: ignore[assignment]
+    r = check_nothing_lost([rec], ["r000001"])
+    assert not r.ok and "neither completed nor failed: r000001" in r.detail
+
+
+def test_nothing_lost_names_at_most_five_ids() -> None:
+    r = check_nothing_lost([], [f"r{i:06d}" for i in range(1, 9)])
+    assert not r.ok
+    assert (
+        "8 submitted without a record: r000001, r000002, r000003, r000004, r000005 (+3 more)"
+        in r.detail
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [
+        ("kv_wire_bytes_received", 999, "1 with byte mismatch: r000002"),
+        ("kv_wire_bytes_sent", 1001, "1 with byte mismatch: r000002"),
+        ("kv_wire_bytes_expected", 5, "1 with byte mismatch: r000002"),
+        ("kv_verified", False, "1 completed without verified KV: r000002"),
+    ],
+)
+def test_kv_accounted_fails_on(field: str, value: object, needle: str) -> None:
+    broken = done(2)
+    setattr(broken, field, value)
+    records = [done(1), broken, failed(3)]
+    r = check_kv_accounted(records)
+    assert not r.ok
+    assert needle in r.detail
+    assert "2 completed" in r.detail
+
+
+def test_kv_accounted_ignores_failed_requests_partial_transfers() -> None:
+    partial = replace(failed(3), kv_wire_bytes_expected=1000, kv_wire_bytes_sent=400)
+    assert check_kv_accounted([done(1), partial]).ok
+
+
+def test_no_unverified_decode_fails_even_for_failed_requests() -> None:
+    streamed = replace(failed(3), tokens_out=2, kv_verified=False)
+    r = check_no_unverified_decode([done(1), streamed])
+    assert not r.ok
+    assert "1 of 2 decoded requests streamed tokens without verified KV: r000003" in r.detail
+    assert check_no_unverified_decode([done(1), failed(3)]).ok
+
+
+def test_run_checkers_reports_each_failure() -> None:
+    bad = [done(1), replace(done(2), kv_verified=False), failed(3, None)]
+    results = {r.name: r.ok for r in run_checkers(bad, IDS)}
+    assert results == {"nothing_lost": False, "kv_accounted": False, "no_unverified_decode": False}
