@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+MODEL_STAMP := $(VENV)/.model-installed
 NAME   ?= burst
 SUBSTRATE ?= local
 ARGS   ?=
@@ -28,7 +29,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
-test: $(STAMP)
+# The tiny real-model tests need torch (the optional `model` extra); only the tests install it.
+$(MODEL_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev,model]'
+	@touch $(MODEL_STAMP)
+
+test: $(MODEL_STAMP)
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)

@@ -24,11 +24,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    from testbed import plan_cli
+    from testbed import plan_cli, run_cli, verify_cli
     from testbed.link import cli as link_cli
 
     plan_cli.add_parser(sub)
+    run_cli.add_parser(sub)
     link_cli.add_parser(sub)
+    verify_cli.add_parser(sub)
     return parser
 
 

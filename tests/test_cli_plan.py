@@ -95,3 +95,23 @@ def test_missing_file_is_one_line_exit_2(tmp_path: Path) -> None:
     out = run("plan", str(tmp_path / "nope.yaml"))
     assert out.returncode == 2
     assert "no such file" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_run_rejects_bad_arguments_with_one_line(tmp_path: Path) -> None:
+    for args, needle in (
+        (("run", "scenarios/paper.yaml", "--policy", "random"), "unknown policy 'random'"),
+        (("run", str(tmp_path / "missing.yaml")), "no such file"),
+        (("run", "scenarios/paper.yaml", "--trace", str(tmp_path / "t.jsonl")), "t.jsonl"),
+    ):
+        out = run(*args)
+        assert out.returncode == 2, (args, out.stderr)
+        assert needle in out.stderr and "Traceback" not in out.stderr
+    out = run("run", "scenarios/paper.yaml", "--duration", "-3")
+    assert out.returncode == 2 and "must be greater than zero" in out.stderr
+
+
+def test_scenarios_lists_the_library() -> None:
+    out = run("scenarios")
+    assert out.returncode == 0, out.stderr
+    names = [line.split()[0] for line in out.stdout.splitlines()]
+    assert {"burst", "paper"} <= set(names)

@@ -1,0 +1,1 @@
+"""Engines: how long prefill and decode take and what KV they emit (emulated or real model)."""

@@ -1,0 +1,59 @@
+"""Sleeping to absolute deadlines, and measuring how honest the emulated timing was.
+
+Emulated engines promise that work modelled to take T seconds (real) takes T / time_scale on the
+wall clock. asyncio wakes up late under load, so two things are measured:
+- lateness of every wake-up against its deadline (what a single step can be off by);
+- timing error of every operation (a prefill, a request's decode phase): |actual - modelled| /
+  modelled. Deadlines are absolute, so wake-up lateness does not accumulate into drift, and the
+  operation error is what a request's latency actually carries.
+Both are reported in real-world units (wall x time_scale) like everything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["TimingMeter", "sleep_until"]
+
+
+@dataclass
+class TimingMeter:
+    time_scale: float = 1.0
+    lateness: list[float] = field(default_factory=list)
+    """Wall seconds each wake-up came after its deadline (capped sample count)."""
+    modelled: float = 0.0
+    error: float = 0.0
+    operations: int = 0
+    max_samples: int = 100_000
+
+    def wake(self, lateness: float) -> None:
+        if len(self.lateness) < self.max_samples:
+            self.lateness.append(max(lateness, 0.0))
+
+    def operation(self, actual: float, modelled: float) -> None:
+        """One operation that should have taken `modelled` wall seconds took `actual`."""
+        self.operations += 1
+        self.modelled += modelled
+        self.error += abs(actual - modelled)
+
+    def stats(self) -> dict[str, float | int]:
+        s = sorted(self.lateness)
+        n = len(s)
+        k = self.time_scale
+        return {
+            "steps": n,
+            "operations": self.operations,
+            "lateness_mean_s": (sum(s) / n) * k if n else 0.0,
+            "lateness_p99_s": s[min(n - 1, int(0.99 * n))] * k if n else 0.0,
+            "timing_error": (self.error / self.modelled) if self.modelled > 0 else 0.0,
+        }
+
+
+async def sleep_until(deadline: float) -> float:
+    """Sleep until time.monotonic() >= deadline; return how late we woke (wall seconds)."""
+    delay = deadline - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    return time.monotonic() - deadline

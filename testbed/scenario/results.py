@@ -1,0 +1,77 @@
+"""Write a run's results: records, summary, checks, report and timeline, in one place."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from testbed.metrics.records import HistoryEvent, RequestRecord, write_jsonl
+from testbed.metrics.report import write_report
+from testbed.metrics.summary import summarize
+from testbed.metrics.timeline import write_timeline
+from testbed.scenario.checkers import run_checkers
+
+if TYPE_CHECKING:
+    from testbed.scenario.runner import RunOptions, RunPlan, RunResult
+
+__all__ = ["write_results"]
+
+
+def write_results(
+    rp: RunPlan,
+    opts: RunOptions,
+    submitted: list[str],
+    records: list[RequestRecord],
+    history: list[HistoryEvent],
+    notes: list[str],
+    interrupted: bool,
+) -> RunResult:
+    from testbed.scenario.runner import RunResult
+
+    out: Path = opts.out_dir
+    sc = rp.scenario
+    write_jsonl(out / "requests.jsonl", (r.to_json() for r in records))
+    extra: dict[str, Any] = {
+        "scenario": sc.name,
+        "deployment": rp.deployment_name,
+        "deployment_kind": rp.deployment.kind,
+        "policy": rp.policy,
+        "substrate": opts.substrate,
+        "seed": sc.seed,
+        "offered_rps": rp.rate_rps,
+        "interrupted": interrupted,
+        "instances": {
+            "prfaas": rp.deployment.prfaas.instances if rp.deployment.prfaas else 0,
+            "prefill": rp.n_prefill,
+            "decode": rp.n_decode,
+        },
+        "planner": {
+            "lambda_max_rps": rp.plan.lambda_max_rps,
+            "threshold_tokens": rp.plan.threshold_tokens,
+            "n_prefill": rp.plan.n_prefill,
+            "n_decode": rp.plan.n_decode,
+        },
+        "threshold_tokens": rp.threshold_tokens,
+    }
+    summary = summarize(
+        records,
+        history,
+        duration_s=rp.duration_s,
+        slo=sc.slo,
+        time_scale=sc.scale.time_scale,
+        byte_scale=sc.scale.byte_scale,
+        extra=extra,
+    )
+    checks = run_checkers(records, submitted)
+    summary["checks"] = [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks]
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_timeline(
+        out / "timeline.png",
+        records,
+        history,
+        title=f"{sc.name} ({rp.policy})",
+        ttft_slo_s=sc.slo.ttft,
+    )
+    write_report(out, sc.name, summary, checks, notes)
+    return RunResult(out, records, history, summary, checks, interrupted, notes)

@@ -1,0 +1,428 @@
+"""Run a scenario live: stand up the deployment, shape the link, drive the workload, record the
+history and write the results.
+
+Order of a run: plan (threshold, PD split, arrival rate) -> start decode workers -> put the link
+in front of their KV ports -> start prefill workers and the router -> replay the requests on the
+wall clock (real-world time / time_scale) -> drain -> collect engine statistics -> stop services
+-> write requests.jsonl, history.jsonl, summary.json, report.md and timeline.png -> run checkers.
+Ctrl-C stops submitting, fails what is in flight with a reason, and still writes everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from testbed.config import DeploymentConfig, Scenario
+from testbed.errors import UserError
+from testbed.metrics.records import HistoryEvent, RequestRecord, write_jsonl
+from testbed.plan_cli import plan_inputs
+from testbed.planner import StagePlan, plan_deployment
+from testbed.policy import POLICIES, POLICY_DEPLOYMENT_KIND
+from testbed.scenario.link import LinkSetup
+from testbed.services.spec import InstanceInfo, ServiceSpec
+from testbed.substrate.base import ServiceHandle, Substrate
+from testbed.workload.generate import RequestSpec, generate_requests
+
+__all__ = ["RunOptions", "RunResult", "prepare_run", "run_scenario"]
+
+SAMPLE_INTERVAL_S = 0.25
+"""Wall seconds between samples of queues and link throughput."""
+
+# Shift applied to every time field of a record when the run clock is re-based.
+_TIME_FIELDS = (
+    "arrival",
+    "prefill_start",
+    "prefill_end",
+    "transfer_start",
+    "transfer_end",
+    "first_token",
+    "last_token",
+)
+
+
+@dataclass
+class RunOptions:
+    substrate: str = "local"
+    policy: str | None = None
+    trace: str | None = None
+    duration_s: float | None = None
+    out_dir: Path = Path("results/run")
+    progress: bool = True
+    drain_timeout_s: float = 120.0
+    """Wall seconds to wait for in-flight requests after the last arrival."""
+
+
+@dataclass
+class RunPlan:
+    """Everything decided before the first process starts."""
+
+    scenario: Scenario
+    deployment_name: str
+    deployment: DeploymentConfig
+    policy: str
+    plan: StagePlan
+    threshold_tokens: float | None
+    n_prefill: int
+    n_decode: int
+    rate_rps: float | None
+    duration_s: float
+    requests: list[RequestSpec]
+
+
+@dataclass
+class RunResult:
+    out_dir: Path
+    records: list[RequestRecord]
+    history: list[HistoryEvent]
+    summary: dict[str, Any]
+    checks: list[Any]
+    interrupted: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+
+def make_substrate(name: str, log_dir: Path) -> Substrate:
+    if name == "local":
+        from testbed.substrate.local import LocalSubstrate
+
+        return LocalSubstrate(log_dir)
+    raise UserError(f"substrate {name!r} is not available; use 'local'")
+
+
+def _pick_deployment(scenario: Scenario, policy: str) -> tuple[str, DeploymentConfig]:
+    if scenario.deployment is not None:
+        return scenario.deployment, scenario.deployments[scenario.deployment]
+    if len(scenario.deployments) == 1:
+        return next(iter(scenario.deployments.items()))
+    kind = POLICY_DEPLOYMENT_KIND[policy]
+    for name, dep in scenario.deployments.items():
+        if dep.kind == kind:
+            return name, dep
+    raise UserError(
+        f"scenario {scenario.name!r} has no {kind} deployment for policy {policy!r}; "
+        f"set 'deployment' to one of: {', '.join(scenario.deployments)}"
+    )
+
+
+def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
+    """Decide the policy, deployment, threshold, PD split, arrival rate and requests."""
+    policy = opts.policy or scenario.policy.name
+    if policy not in POLICIES:
+        raise UserError(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}")
+    name, dep = _pick_deployment(scenario, policy)
+    plan = plan_deployment(name, dep, plan_inputs(scenario))
+    n_local = dep.local.instances
+    if dep.kind == "naive":
+        n_prefill, n_decode = 0, n_local
+    elif dep.local.prefill is not None or dep.local.decode is not None:
+        n_prefill = (
+            dep.local.prefill
+            if dep.local.prefill is not None
+            else n_local - (dep.local.decode or 0)
+        )
+        n_decode = n_local - n_prefill
+    else:
+        n_prefill, n_decode = plan.n_prefill, plan.n_decode
+    if policy == "prfaas-static":
+        t = scenario.policy.threshold
+        threshold = plan.threshold_tokens if t == "auto" else float(t)
+    else:
+        threshold = None
+    arrivals = scenario.workload.arrivals
+    if arrivals.rate is not None:
+        rate: float | None = arrivals.rate
+    elif arrivals.load is not None:
+        rate = arrivals.load * plan.lambda_max_rps
+    else:
+        rate = None
+    duration = opts.duration_s if opts.duration_s is not None else scenario.duration
+    requests = generate_requests(
+        scenario.workload,
+        rate_rps=rate,
+        duration_s=duration,
+        seed=scenario.seed,
+        trace_path=opts.trace,
+    )
+    if not requests:
+        raise UserError("the workload produced no requests; raise the rate or the duration")
+    return RunPlan(
+        scenario, name, dep, policy, plan, threshold, n_prefill, n_decode, rate, duration, requests
+    )
+
+
+def _shift(rec: RequestRecord, offset: float) -> RequestRecord:
+    for name in _TIME_FIELDS:
+        v = getattr(rec, name)
+        if v is not None:
+            setattr(rec, name, v - offset)
+    return rec
+
+
+class _Run:
+    """State of one live run; see `run_scenario`."""
+
+    def __init__(self, rp: RunPlan, opts: RunOptions) -> None:
+        self.rp = rp
+        self.opts = opts
+        self.scale = rp.scenario.scale
+        self.k = self.scale.time_scale
+        self.t0 = time.monotonic()
+        self.load_start = self.t0
+        self.substrate: Substrate = make_substrate(opts.substrate, opts.out_dir / "logs")
+        self.services: dict[str, ServiceHandle] = {}
+        self.router: ServiceHandle | None = None
+        self.link: LinkSetup | None = None
+        self.records: dict[str, RequestRecord] = {}
+        self.history: list[HistoryEvent] = []
+        self.submitted: list[str] = []
+        self.stop = asyncio.Event()
+        self.interrupted = False
+        self.notes: list[str] = []
+
+    def real_now(self) -> float:
+        return (time.monotonic() - self.load_start) * self.k
+
+    def _spec(self, role: str, sid: str, cluster: str, hardware: str) -> ServiceSpec:
+        dep = self.rp.deployment
+        return ServiceSpec(
+            role=role,
+            id=sid,
+            cluster=cluster,
+            hardware=hardware,
+            model=dep.model,
+            time_scale=self.k,
+            byte_scale=self.scale.byte_scale,
+            t0=self.t0,
+            connections=dep.link.connections,
+            tpot_slo_s=self.rp.scenario.slo.tpot,
+        )
+
+    async def _start_all(self, specs: list[ServiceSpec]) -> list[ServiceHandle]:
+        handles = await asyncio.gather(*(self.substrate.start_service(s) for s in specs))
+        for h in handles:
+            self.services[h.spec.id] = h
+        return list(handles)
+
+    async def start(self) -> None:
+        dep = self.rp.deployment
+        decoders = await self._start_all(
+            [
+                self._spec("decode", f"local-decode-{i}", "local", dep.local.hardware)
+                for i in range(self.rp.n_decode)
+            ]
+        )
+        kv_addrs: dict[str, tuple[str, int]] = {}
+        for d in decoders:
+            assert d.kv_addr is not None
+            kv_addrs[d.spec.id] = d.kv_addr
+        self.link = await self.substrate.start_link(
+            dep.link,
+            self.scale,
+            kv_addrs,
+            enabled=dep.prfaas is not None,
+            seed=self.rp.scenario.seed,
+        )
+        prefill_specs = []
+        if dep.prfaas is not None:
+            prefill_specs += [
+                self._spec("prefill", f"prfaas-prefill-{i}", "prfaas", dep.prfaas.hardware)
+                for i in range(dep.prfaas.instances)
+            ]
+        prefill_specs += [
+            self._spec("prefill", f"local-prefill-{i}", "local", dep.local.hardware)
+            for i in range(self.rp.n_prefill)
+        ]
+        prefills = await self._start_all(prefill_specs)
+        instances = [
+            InstanceInfo(id=p.spec.id, cluster=p.spec.cluster, role="prefill", url=p.url)
+            for p in prefills
+        ] + [
+            InstanceInfo(
+                id=d.spec.id,
+                cluster="local",
+                role="decode",
+                url=d.url,
+                kv_host=kv_addrs[d.spec.id][0],
+                kv_port=kv_addrs[d.spec.id][1],
+                kv_link_host=self.link.routes[d.spec.id][0],
+                kv_link_port=self.link.routes[d.spec.id][1],
+            )
+            for d in decoders
+        ]
+        router_spec = self._spec("router", "router", "local", dep.local.hardware)
+        router_spec.policy = self.rp.policy
+        router_spec.threshold_tokens = self.rp.threshold_tokens
+        router_spec.instances = instances
+        self.router = (await self._start_all([router_spec]))[0]
+
+    async def shutdown(self) -> None:
+        await self.substrate.stop_all()
+
+    # ------------------------------------------------------------------ load generation
+
+    async def _one(self, session: aiohttp.ClientSession, req: RequestSpec) -> None:
+        assert self.router is not None
+        deadline = self.load_start + req.arrival / self.k
+        delay = deadline - time.monotonic()
+        if delay > 0:
+            try:
+                await asyncio.wait_for(self.stop.wait(), delay)
+                return  # stopped before this request was due: never submitted
+            except TimeoutError:
+                pass
+        if self.stop.is_set():
+            return
+        self.submitted.append(req.id)
+        body = {"id": req.id, "input_tokens": req.input_tokens, "output_tokens": req.output_tokens}
+        offset = (self.load_start - self.t0) * self.k
+        try:
+            async with session.post(f"{self.router.url}/generate", json=body) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"router answered HTTP {resp.status}: {await resp.text()}")
+                async for line in resp.content:
+                    if line.startswith(b'{"record"'):
+                        doc = json.loads(line)["record"]
+                        self.records[req.id] = _shift(RequestRecord.from_json(doc), offset)
+                        return
+            raise RuntimeError("router stream ended without a record")
+        except asyncio.CancelledError:
+            self._fail(
+                req, "interrupted" if self.interrupted else "not finished before drain timeout"
+            )
+            raise
+        except (aiohttp.ClientError, RuntimeError, TimeoutError, json.JSONDecodeError) as exc:
+            self._fail(req, f"client: {type(exc).__name__}: {exc}")
+
+    def _fail(self, req: RequestSpec, reason: str) -> None:
+        if req.id not in self.records:
+            self.records[req.id] = RequestRecord(
+                id=req.id,
+                input_tokens=req.input_tokens,
+                output_tokens=req.output_tokens,
+                arrival=req.arrival,
+                status="failed",
+                failure_reason=reason,
+            )
+
+    async def _sample(self, session: aiohttp.ClientSession) -> None:
+        assert self.router is not None
+        while True:
+            t = self.real_now()
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with asyncio.timeout(2):
+                    async with session.get(f"{self.router.url}/stats") as resp:
+                        stats = await resp.json()
+                for inst in stats["instances"]:
+                    self.history.append(
+                        HistoryEvent(
+                            t,
+                            "queue",
+                            {
+                                "instance": inst["id"],
+                                "cluster": inst["cluster"],
+                                "role": inst["role"],
+                                "depth": inst["outstanding"],
+                                "active": inst["outstanding"],
+                            },
+                        )
+                    )
+            if self.link is not None:
+                sample = await self.link.sample()
+                if sample is not None:
+                    self.history.append(HistoryEvent(t, "link", sample))
+            await asyncio.sleep(SAMPLE_INTERVAL_S)
+
+    async def drive(self, on_progress: Callable[[int, int], None]) -> None:
+        reqs = self.rp.requests
+        self.load_start = time.monotonic()
+        last_arrival_wall = self.load_start + reqs[-1].arrival / self.k
+        if self.rp.threshold_tokens is not None:
+            self.history.append(
+                HistoryEvent(0.0, "policy", {"threshold_tokens": self.rp.threshold_tokens})
+            )
+        connector = aiohttp.TCPConnector(limit=0)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            sampler = asyncio.create_task(self._sample(session))
+            tasks = [asyncio.create_task(self._one(session, r)) for r in reqs]
+            pending = set(tasks)
+            try:
+                while pending:
+                    now = time.monotonic()
+                    if self.stop.is_set():
+                        break
+                    if now > last_arrival_wall + self.opts.drain_timeout_s:
+                        self.notes.append(
+                            f"{len(pending)} requests unfinished after the "
+                            f"{self.opts.drain_timeout_s:.0f}s drain timeout"
+                        )
+                        break
+                    _, pending = await asyncio.wait(pending, timeout=0.5)
+                    on_progress(len(self.records), len(self.submitted))
+            finally:
+                self.stop.set()
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+                sampler.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sampler
+                await self._engine_stats(session)
+            on_progress(len(self.records), len(self.submitted))
+
+    async def _engine_stats(self, session: aiohttp.ClientSession) -> None:
+        t = self.real_now()
+        for svc in self.services.values():
+            if svc.spec.role == "router":
+                continue
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with asyncio.timeout(5):
+                    async with session.get(f"{svc.url}/stats") as resp:
+                        stats = await resp.json()
+                self.history.append(
+                    HistoryEvent(t, "engine", {"instance": svc.spec.id, **stats["engine"]})
+                )
+
+
+async def run_scenario(
+    rp: RunPlan, opts: RunOptions, on_progress: Callable[[int, int], None] | None = None
+) -> RunResult:
+    """Run one prepared scenario live and write its results to `opts.out_dir`."""
+    from testbed.scenario.results import write_results
+
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    run = _Run(rp, opts)
+    loop = asyncio.get_running_loop()
+
+    def _interrupt() -> None:
+        if run.interrupted:  # a second Ctrl-C: stop waiting for anything
+            raise KeyboardInterrupt
+        run.interrupted = True
+        run.notes.append("interrupted by the user (Ctrl-C); in-flight requests failed")
+        run.stop.set()
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGINT, _interrupt)
+    try:
+        await run.start()
+        await run.drive(on_progress or (lambda done, submitted: None))
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)
+        await run.shutdown()
+    records = [run.records[i] for i in run.submitted if i in run.records]
+    write_jsonl(opts.out_dir / "history.jsonl", (e.to_json() for e in run.history))
+    return write_results(rp, opts, run.submitted, records, run.history, run.notes, run.interrupted)

@@ -1,0 +1,1 @@
+"""The serving processes: router, prefill worker and decode worker, each an aiohttp app."""

@@ -1,0 +1,177 @@
+"""The decode worker: receives KV, admits a request once its KV is complete and verified,
+decodes it in a continuous batch and streams tokens back, coalesced.
+
+`POST /decode` is called by the router when it dispatches a request, usually before any KV has
+arrived; the response is an NDJSON stream: `{"tokens": n}` lines as tokens are generated, then
+one final line with `done` (and the lifecycle times) or `error` (and the reason). A request whose
+KV fails verification is never decoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+from aiohttp import web
+
+from testbed.engine.emulated import DecodeBatcher, DecodeSlot
+from testbed.profiles import MODELS
+from testbed.services.spec import RunClock, ServiceSpec
+from testbed.transfer.errors import TransferError
+from testbed.transfer.receiver import KVReceiver
+
+__all__ = ["create_app"]
+
+SPEC = web.AppKey("spec", ServiceSpec)
+
+
+class DecodeState:
+    def __init__(self, spec: ServiceSpec) -> None:
+        self.spec = spec
+        self.clock = RunClock(spec.t0, spec.time_scale)
+        profile = MODELS[spec.model].decode[spec.hardware]
+        self.bs_max = profile.bs_max(spec.tpot_slo_s)
+        self.batcher = DecodeBatcher(
+            profile.step_time, self.bs_max, spec.time_scale, spec.flush_interval_s
+        )
+        self.receiver = KVReceiver(spec.host, spec.kv_port)
+        self.waiting_kv = 0
+        self.completed = 0
+        self.failed = 0
+
+
+STATE = web.AppKey("state", DecodeState)
+
+
+async def _decode(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    try:
+        body = await request.json()
+        rid = str(body["id"])
+        output_tokens = int(body["output_tokens"])
+        expected = int(body["expected_wire_bytes"])
+    except (ValueError, KeyError, TypeError):
+        raise web.HTTPBadRequest(
+            text=json.dumps({"error": "need id, output_tokens, expected_wire_bytes"}),
+            content_type="application/json",
+        ) from None
+    if output_tokens < 1 or output_tokens > 1_000_000 or expected < 0:
+        raise web.HTTPBadRequest(
+            text=json.dumps({"error": "output_tokens must be 1..1e6, bytes >= 0"}),
+            content_type="application/json",
+        )
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await resp.prepare(request)
+
+    async def send(doc: dict[str, Any]) -> None:
+        await resp.write((json.dumps(doc, separators=(",", ":")) + "\n").encode())
+
+    clock = state.clock
+    state.waiting_kv += 1
+    try:
+        manifest = await state.receiver.wait(rid, state.spec.kv_timeout_s)
+    except TransferError as exc:
+        state.failed += 1
+        await send({"error": f"kv transfer failed: {exc.reason}"})
+        return resp
+    except TimeoutError:
+        state.failed += 1
+        await send({"error": "kv transfer timed out at decode"})
+        return resp
+    finally:
+        state.waiting_kv -= 1
+        state.receiver.discard(rid)
+    if manifest.total_bytes != expected:
+        state.failed += 1
+        await send({"error": f"kv size mismatch: got {manifest.total_bytes}, want {expected}"})
+        return resp
+    if not manifest.verified:
+        state.failed += 1
+        await send({"error": "kv not verified"})
+        return resp
+    kv_ready = clock.real()
+    pending: asyncio.Queue[int] = asyncio.Queue()
+    slot = DecodeSlot(rid, output_tokens, emit=lambda k, _t: pending.put_nowait(k))
+    state.batcher.submit(slot)
+    try:
+        while not (slot.done.is_set() and pending.empty()):
+            getter = asyncio.ensure_future(pending.get())
+            done_wait = asyncio.ensure_future(slot.done.wait())
+            await asyncio.wait({getter, done_wait}, return_when=asyncio.FIRST_COMPLETED)
+            done_wait.cancel()
+            if getter.done():
+                n = getter.result()
+                while not pending.empty():
+                    n += pending.get_nowait()
+                await send({"tokens": n})
+            else:
+                getter.cancel()
+    finally:
+        if not slot.done.is_set():
+            state.batcher.cancel(slot)
+    state.completed += 1
+    await send(
+        {
+            "done": True,
+            "tokens": slot.generated,
+            "kv_ready": kv_ready,
+            "first_token": clock.real(slot.first_token_at),
+            "last_token": clock.real(slot.last_token_at),
+            "kv_wire_bytes": manifest.total_bytes,
+            "kv_verified": manifest.verified,
+        }
+    )
+    return resp
+
+
+async def _cancel(request: web.Request) -> web.Response:
+    request.app[STATE].receiver.discard(request.match_info["rid"])
+    return web.json_response({"ok": True})
+
+
+async def _stats(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    rx = state.receiver.stats()
+    return web.json_response(
+        {
+            "id": state.spec.id,
+            "role": "decode",
+            "active": len(state.batcher.active),
+            "waiting_batch": len(state.batcher.waiting),
+            "waiting_kv": state.waiting_kv,
+            "bs_max": state.bs_max,
+            "completed": state.completed,
+            "failed": state.failed,
+            "kv_wire_bytes_received": rx.bytes_received,
+            "kv_checksum_failures": rx.checksum_failures,
+            "engine": state.batcher.timing.stats(),
+        }
+    )
+
+
+async def _health(_request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]]:
+    state = DecodeState(spec)
+    await state.receiver.start()
+    app = web.Application(client_max_size=1 << 20)
+    app[SPEC] = spec
+    app[STATE] = state
+    app.router.add_post("/decode", _decode)
+    app.router.add_delete("/decode/{rid}", _cancel)
+    app.router.add_get("/stats", _stats)
+    app.router.add_get("/health", _health)
+    batch_task = asyncio.get_running_loop().create_task(state.batcher.run())
+
+    async def _shutdown(_app: web.Application) -> None:
+        batch_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await batch_task
+        await state.receiver.aclose()
+
+    app.on_cleanup.append(_shutdown)
+    return app, {"kv": state.receiver.port}

@@ -1,0 +1,73 @@
+"""Run one service process: serve its aiohttp app, announce the bound ports, stop on SIGTERM.
+
+The parent learns the ports from one JSON line on stdout ("READY {...}"), so services can bind
+port 0 and never race each other for ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from testbed.services.spec import ServiceSpec
+
+__all__ = ["main", "serve"]
+
+AppFactory = Callable[[ServiceSpec], Awaitable[tuple[web.Application, dict[str, int]]]]
+
+
+async def serve(spec: ServiceSpec, factory: AppFactory) -> None:
+    app, extra_ports = await factory(spec)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, spec.host, spec.port, backlog=1024)
+    await site.start()
+    port = runner.addresses[0][1]
+    print("READY " + json.dumps({"http": port, **extra_ports}), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+
+
+def _factory(role: str) -> AppFactory:
+    if role == "router":
+        from testbed.services.router import create_app as router_app
+
+        return router_app
+    if role == "prefill":
+        from testbed.services.prefill import create_app as prefill_app
+
+        return prefill_app
+    from testbed.services.decode import create_app as decode_app
+
+    return decode_app
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m testbed.services.host SPEC_JSON", file=sys.stderr)
+        return 2
+    spec = ServiceSpec.model_validate_json(args[0])
+    try:
+        import uvloop
+
+        runner: Callable[..., object] = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        runner = asyncio.run
+    with contextlib.suppress(KeyboardInterrupt):
+        runner(serve(spec, _factory(spec.role)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

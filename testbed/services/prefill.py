@@ -1,0 +1,191 @@
+"""The prefill worker (PrfaaS or PD-P): a FIFO of prefills on one instance, each streaming its KV
+layer by layer to the decode instance the router chose.
+
+The engine never waits for the network: completed layers go into the request's transfer, which
+runs on its own task, and the engine moves on to the next prefill (the transfer cache of the
+paper). `POST /prefill` answers when the request's KV has been sent and acknowledged, with the
+lifecycle times in real-world seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from testbed.engine.emulated import PrefillEngine, wire_layer_bytes
+from testbed.profiles import MODELS
+from testbed.services.spec import RunClock, ServiceSpec
+from testbed.transfer.errors import TransferError
+from testbed.transfer.payload import PayloadSource
+from testbed.transfer.sender import KVSender
+
+__all__ = ["create_app"]
+
+
+@dataclass
+class PrefillJob:
+    id: str
+    uncached_tokens: int
+    target: tuple[str, int]
+    result: asyncio.Future[dict[str, Any]]
+    queued_at: float
+    times: dict[str, float] = field(default_factory=dict)
+
+
+class PrefillState:
+    def __init__(self, spec: ServiceSpec) -> None:
+        self.spec = spec
+        self.clock = RunClock(spec.t0, spec.time_scale)
+        self.engine = PrefillEngine(
+            MODELS[spec.model], spec.hardware, spec.time_scale, spec.byte_scale
+        )
+        self.queue: asyncio.Queue[PrefillJob] = asyncio.Queue()
+        self.senders: dict[tuple[str, int], KVSender] = {}
+        self.payload = PayloadSource(seed=hash(spec.id) & 0xFFFF)
+        self.running: PrefillJob | None = None
+        self.queued_tokens = 0
+        self.transfers: set[asyncio.Task[None]] = set()
+        self.completed = 0
+        self.failed = 0
+
+    async def sender(self, target: tuple[str, int]) -> KVSender:
+        s = self.senders.get(target)
+        if s is None:
+            s = KVSender(target[0], target[1], connections=self.spec.connections, max_retries=2)
+            self.senders[target] = s
+            await s.start()
+        return s
+
+    async def worker(self) -> None:
+        """One prefill at a time, in arrival order."""
+        while True:
+            job = await self.queue.get()
+            self.running = job
+            try:
+                await self._prefill(job)
+            except Exception as exc:  # a broken job must not stop the instance
+                if not job.result.done():
+                    job.result.set_result({"error": f"prefill failed: {exc!r}"})
+            finally:
+                self.queued_tokens -= job.uncached_tokens
+                self.running = None
+
+    async def _prefill(self, job: PrefillJob) -> None:
+        sizes = wire_layer_bytes(self.engine.model, job.uncached_tokens, self.spec.byte_scale)
+        layers: asyncio.Queue[tuple[int, int] | None] = asyncio.Queue()
+        job.times["prefill_start"] = self.clock.real()
+        transfer = asyncio.get_running_loop().create_task(self._transfer(job, sizes, layers))
+        self.transfers.add(transfer)
+        transfer.add_done_callback(self.transfers.discard)
+
+        async def on_layer(layer: int, nbytes: int) -> None:
+            layers.put_nowait((layer, nbytes))
+
+        try:
+            await self.engine.run(job.uncached_tokens, on_layer)
+        finally:
+            layers.put_nowait(None)
+        job.times["prefill_end"] = self.clock.real()
+
+    async def _transfer(
+        self, job: PrefillJob, sizes: list[int], layers: asyncio.Queue[tuple[int, int] | None]
+    ) -> None:
+        sent = 0
+        try:
+            sender = await self.sender(job.target)
+            async with sender.open(job.id, sizes) as tx:
+                while (item := await layers.get()) is not None:
+                    layer, nbytes = item
+                    if "transfer_start" not in job.times:
+                        job.times["transfer_start"] = self.clock.real()
+                    await tx.send_layer(layer, self.payload.layer(job.id, layer, nbytes))
+                    sent += nbytes
+            job.times["transfer_end"] = self.clock.real()
+            self.completed += 1
+            job.result.set_result({**job.times, "kv_wire_bytes_sent": sent})
+        except (TransferError, OSError, TimeoutError) as exc:
+            self.failed += 1
+            reason = exc.reason if isinstance(exc, TransferError) else repr(exc)
+            job.result.set_result(
+                {**job.times, "kv_wire_bytes_sent": sent, "error": f"kv transfer: {reason}"}
+            )
+
+
+STATE = web.AppKey("state", PrefillState)
+
+
+def _bad(message: str) -> web.HTTPBadRequest:
+    return web.HTTPBadRequest(text=json.dumps({"error": message}), content_type="application/json")
+
+
+async def _prefill(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    try:
+        body = await request.json()
+        rid = str(body["id"])
+        tokens = int(body["uncached_tokens"])
+        target = (str(body["kv_host"]), int(body["kv_port"]))
+    except (ValueError, KeyError, TypeError):
+        raise _bad("need id, uncached_tokens, kv_host, kv_port") from None
+    if not 1 <= tokens <= 10_000_000:
+        raise _bad("uncached_tokens must be between 1 and 10,000,000")
+    job = PrefillJob(rid, tokens, target, asyncio.get_running_loop().create_future(), 0.0)
+    job.queued_at = state.clock.real()
+    state.queued_tokens += tokens
+    state.queue.put_nowait(job)
+    result = await job.result
+    return web.json_response(result, status=200 if "error" not in result else 502)
+
+
+async def _stats(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    senders = [s.stats() for s in state.senders.values()]
+    return web.json_response(
+        {
+            "id": state.spec.id,
+            "role": "prefill",
+            "cluster": state.spec.cluster,
+            "queued": state.queue.qsize(),
+            "running": state.running is not None,
+            "queued_tokens": state.queued_tokens,
+            "transfers_in_flight": len(state.transfers),
+            "completed": state.completed,
+            "failed": state.failed,
+            "egress_bytes_per_s": sum(s.egress_rate_ewma for s in senders),
+            "in_flight_bytes": sum(s.inflight_bytes for s in senders),
+            "bytes_sent": sum(s.bytes_sent for s in senders),
+            "stall_s": sum(s.stall_s for s in senders),
+            "engine": state.engine.timing.stats(),
+        }
+    )
+
+
+async def _health(_request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]]:
+    state = PrefillState(spec)
+    app = web.Application(client_max_size=1 << 20)
+    app[STATE] = state
+    app.router.add_post("/prefill", _prefill)
+    app.router.add_get("/stats", _stats)
+    app.router.add_get("/health", _health)
+    worker = asyncio.get_running_loop().create_task(state.worker())
+
+    async def _shutdown(_app: web.Application) -> None:
+        worker.cancel()
+        for t in list(state.transfers):
+            t.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await worker
+        for s in state.senders.values():
+            await s.aclose()
+
+    app.on_cleanup.append(_shutdown)
+    return app, {}

@@ -1,0 +1,469 @@
+"""The router: the frontend that asks the policy for a route, dispatches prefill and decode,
+streams tokens back and records every request's lifecycle.
+
+For each request it opens the decode stream first (the decode instance starts waiting for KV)
+and then asks the chosen prefill instance to prefill and send KV to that decode instance, through
+the link proxy when the two sit in different datacenters. It keeps its own count of outstanding
+work per instance, which is the load signal the policy sees.
+
+APIs: `POST /generate` (NDJSON stream: `{"tokens": n}` lines, then `{"record": {...}}`),
+`POST /v1/completions` (OpenAI-compatible, with `stream: true` as server-sent events),
+`GET /history`, `GET /stats`, `GET /health`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from testbed.engine.emulated import wire_layer_bytes
+from testbed.metrics.records import RequestRecord
+from testbed.policy import make_policy
+from testbed.policy.base import InstanceLoad, RequestView, Snapshot
+from testbed.profiles import MODELS
+from testbed.services.spec import InstanceInfo, RunClock, ServiceSpec
+
+__all__ = ["create_app"]
+
+HEALTH = web.AppKey("health", asyncio.Task)
+MAX_INPUT_TOKENS = 10_000_000
+MAX_OUTPUT_TOKENS = 1_000_000
+MAX_ATTEMPTS = 3
+"""Dispatch attempts per request before it fails with every attempt's reason."""
+HEALTH_INTERVAL_S = 0.5
+
+TokenSink = Callable[[int], Awaitable[None]]
+
+
+class RequestError(Exception):
+    """A request failed for good; the message is the failure reason recorded for it."""
+
+
+class AttemptError(Exception):
+    """One dispatch attempt failed; the router may retry elsewhere."""
+
+    def __init__(self, reason: str, *, dead: str | None = None, link_failed: bool = False):
+        super().__init__(reason)
+        self.reason = reason
+        self.dead = dead
+        """An instance that did not answer: out of rotation until /health answers."""
+        self.link_failed = link_failed
+        """The KV could not cross the link: retry with local prefill."""
+
+
+class RouterState:
+    def __init__(self, spec: ServiceSpec) -> None:
+        self.spec = spec
+        self.clock = RunClock(spec.t0, spec.time_scale)
+        self.model = MODELS[spec.model]
+        self.policy = make_policy(spec.policy)
+        self.instances = {i.id: i for i in spec.instances}
+        self.outstanding = dict.fromkeys(self.instances, 0)
+        self.healthy = dict.fromkeys(self.instances, True)
+        self.work = dict.fromkeys(self.instances, 0.0)
+        self.records: list[RequestRecord] = []
+        self.in_flight = 0
+        self._ids = itertools.count(1)
+        self.session: aiohttp.ClientSession | None = None
+
+    def next_id(self) -> str:
+        return f"q{next(self._ids):06d}"
+
+    def snapshot(self, exclude: frozenset[str] = frozenset()) -> Snapshot:
+        """Load of every healthy instance not in `exclude` (instance ids or cluster names)."""
+        return Snapshot(
+            now=self.clock.real(),
+            instances=tuple(
+                InstanceLoad(i.id, i.cluster, i.role, self.outstanding[i.id], self.work[i.id])
+                for i in self.instances.values()
+                if self.healthy[i.id] and i.id not in exclude and i.cluster not in exclude
+            ),
+            threshold_tokens=self.spec.threshold_tokens,
+        )
+
+    def mark_down(self, instance: str) -> None:
+        self.healthy[instance] = False
+
+    async def watch_health(self) -> None:
+        """Bring instances that failed back into rotation once they answer /health again."""
+        assert self.session is not None
+        while True:
+            await asyncio.sleep(HEALTH_INTERVAL_S)
+            for iid, ok in list(self.healthy.items()):
+                if ok:
+                    continue
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    async with asyncio.timeout(1.0):
+                        url = f"{self.instances[iid].url}/health"
+                        async with self.session.get(url) as resp:
+                            if resp.status == 200:
+                                self.healthy[iid] = True
+
+    async def handle(
+        self, rid: str, input_tokens: int, output_tokens: int, on_tokens: TokenSink
+    ) -> RequestRecord:
+        rec = RequestRecord(
+            id=rid,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            arrival=self.clock.real(),
+        )
+        self.in_flight += 1
+        try:
+            await self._run(rec, on_tokens)
+            rec.status = "completed"
+        except RequestError as exc:
+            rec.status, rec.failure_reason = "failed", str(exc)
+        except asyncio.CancelledError:
+            rec.status, rec.failure_reason = "failed", "cancelled (client went away)"
+            raise
+        finally:
+            self.in_flight -= 1
+            self.records.append(rec)
+        return rec
+
+    async def _run(self, rec: RequestRecord, on_tokens: TokenSink) -> None:
+        """Dispatch with retries: a failed attempt is re-routed, avoiding what failed.
+
+        A broken cross-datacenter transfer sends the next attempt to local PD-P; a dead
+        instance is taken out of rotation until it answers /health again; tokens already
+        streamed by a decode instance that died are not streamed twice.
+        """
+        exclude: set[str] = set()
+        reasons: list[str] = []
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                await self._attempt(rec, attempt, frozenset(exclude), on_tokens)
+                return
+            except AttemptError as exc:
+                reasons.append(exc.reason)
+                rec.retries = attempt + 1
+                if exc.dead is not None:
+                    self.mark_down(exc.dead)
+                    exclude.add(exc.dead)
+                if exc.link_failed:
+                    exclude.add("prfaas")
+        raise RequestError("; then ".join(reasons))
+
+    async def _attempt(
+        self, rec: RequestRecord, attempt: int, exclude: frozenset[str], on_tokens: TokenSink
+    ) -> None:
+        view = RequestView(rec.id, rec.input_tokens, rec.output_tokens)
+        try:
+            route = self.policy.decide(view, self.snapshot(exclude))
+        except (LookupError, ValueError) as exc:
+            raise RequestError(f"no route: {exc}") from None
+        prefill = self.instances[route.prefill_instance]
+        decode = self.instances[route.decode_instance]
+        rec.route = route.prefill_cluster
+        rec.prefill_instance, rec.decode_instance = prefill.id, decode.id
+        rec.cached_tokens = rec.input_tokens - route.uncached_tokens
+        rec.threshold_tokens = route.threshold_tokens
+        rec.cross_dc = prefill.cluster != decode.cluster
+        rec.kv_wire_bytes_expected = sum(
+            wire_layer_bytes(self.model, route.uncached_tokens, self.spec.byte_scale)
+        )
+        rec.kv_wire_bytes_sent = rec.kv_wire_bytes_received = 0
+        rec.kv_verified = False
+        if rec.cross_dc:
+            kv = (decode.kv_link_host, decode.kv_link_port)
+        else:
+            kv = (decode.kv_host, decode.kv_port)
+        if kv[0] is None or kv[1] is None:
+            raise RequestError(f"decode instance {decode.id} has no KV address")
+        # Each attempt has its own id on the wire: a receiver remembers finished ids.
+        wire_id = rec.id if attempt == 0 else f"{rec.id}.{attempt}"
+        self._charge(prefill.id, route.uncached_tokens, decode.id, rec.output_tokens, +1)
+        try:
+            decode_task = asyncio.create_task(self._decode(decode, rec, wire_id, on_tokens))
+            try:
+                await self._prefill(prefill, rec, wire_id, route.uncached_tokens, kv)
+            except BaseException:
+                await self._cancel_decode(decode, wire_id)
+                decode_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await decode_task
+                raise
+            finally:
+                self._charge(prefill.id, route.uncached_tokens, None, 0, -1)
+            await decode_task
+        finally:
+            self._charge(None, 0, decode.id, rec.output_tokens, -1)
+
+    def _charge(
+        self, prefill: str | None, tokens: float, decode: str | None, out: float, sign: int
+    ) -> None:
+        if prefill is not None:
+            self.outstanding[prefill] += sign
+            self.work[prefill] += sign * tokens
+        if decode is not None:
+            self.outstanding[decode] += sign
+            self.work[decode] += sign * out
+
+    async def _prefill(
+        self, inst: InstanceInfo, rec: RequestRecord, wire_id: str, tokens: int, kv: tuple[Any, Any]
+    ) -> None:
+        assert self.session is not None
+        body = {"id": wire_id, "uncached_tokens": tokens, "kv_host": kv[0], "kv_port": kv[1]}
+        try:
+            async with asyncio.timeout(self.spec.request_timeout_s):
+                async with self.session.post(f"{inst.url}/prefill", json=body) as resp:
+                    doc = await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise AttemptError(
+                f"prefill on {inst.id} unreachable ({type(exc).__name__})", dead=inst.id
+            ) from None
+        for key in ("prefill_start", "prefill_end", "transfer_start", "transfer_end"):
+            if key in doc:
+                setattr(rec, key, doc[key])
+        rec.kv_wire_bytes_sent = int(doc.get("kv_wire_bytes_sent", 0))
+        if resp.status != 200 or "error" in doc:
+            raise AttemptError(
+                f"prefill on {inst.id}: {doc.get('error', resp.status)}",
+                link_failed=rec.cross_dc,
+            )
+
+    async def _decode(
+        self, inst: InstanceInfo, rec: RequestRecord, wire_id: str, on_tokens: TokenSink
+    ) -> None:
+        """Stream this attempt's tokens; those the client already has are not sent again."""
+        assert self.session is not None
+        body = {
+            "id": wire_id,
+            "output_tokens": rec.output_tokens,
+            "expected_wire_bytes": rec.kv_wire_bytes_expected,
+        }
+        already = rec.tokens_out
+        generated = 0
+        try:
+            async with self.session.post(f"{inst.url}/decode", json=body) as resp:
+                if resp.status != 200:
+                    raise AttemptError(f"decode on {inst.id}: HTTP {resp.status}")
+                async for line in resp.content:
+                    if not line.strip():
+                        continue
+                    doc = json.loads(line)
+                    if "tokens" in doc and "done" not in doc:
+                        generated += int(doc["tokens"])
+                        if generated > rec.tokens_out:
+                            new = generated - rec.tokens_out
+                            rec.tokens_out = generated
+                            await on_tokens(new)
+                    elif doc.get("done"):
+                        if rec.first_token is None or already == 0:
+                            rec.first_token = doc["first_token"]
+                        rec.last_token = doc["last_token"]
+                        rec.kv_wire_bytes_received = int(doc["kv_wire_bytes"])
+                        rec.kv_verified = bool(doc["kv_verified"])
+                        if generated != doc["tokens"] or rec.tokens_out != rec.output_tokens:
+                            raise RequestError(
+                                f"decode on {inst.id}: streamed {generated} tokens of "
+                                f"{doc['tokens']}"
+                            )
+                        return
+                    elif "error" in doc:
+                        raise AttemptError(f"decode on {inst.id}: {doc['error']}")
+        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
+            raise AttemptError(
+                f"decode on {inst.id} lost ({type(exc).__name__})", dead=inst.id
+            ) from None
+        raise AttemptError(f"decode on {inst.id}: stream ended without a result", dead=inst.id)
+
+    async def _cancel_decode(self, inst: InstanceInfo, rid: str) -> None:
+        assert self.session is not None
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with asyncio.timeout(5):
+                await self.session.delete(f"{inst.url}/decode/{rid}")
+
+
+STATE = web.AppKey("state", RouterState)
+
+
+def _bad(message: str) -> web.HTTPException:
+    return web.HTTPBadRequest(
+        text=json.dumps({"error": {"message": message, "type": "invalid_request_error"}}),
+        content_type="application/json",
+    )
+
+
+def _positive_int(body: dict[str, Any], key: str, limit: int, default: int | None = None) -> int:
+    value = body.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+        raise _bad(f"{key} must be an integer")
+    if not 1 <= int(value) <= limit:
+        raise _bad(f"{key} must be between 1 and {limit}")
+    return int(value)
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise _bad("body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise _bad("body must be a JSON object")
+    return body
+
+
+async def _generate(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    body = await _json_body(request)
+    input_tokens = _positive_int(body, "input_tokens", MAX_INPUT_TOKENS)
+    output_tokens = _positive_int(body, "output_tokens", MAX_OUTPUT_TOKENS)
+    rid = str(body.get("id") or state.next_id())
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await resp.prepare(request)
+
+    async def on_tokens(n: int) -> None:
+        await resp.write(b'{"tokens":%d}\n' % n)
+
+    rec = await state.handle(rid, input_tokens, output_tokens, on_tokens)
+    await resp.write((json.dumps({"record": rec.to_json()}) + "\n").encode())
+    return resp
+
+
+def _prompt_tokens(prompt: Any) -> int:
+    """Rough token count of an OpenAI prompt (about 4 characters a token)."""
+    if isinstance(prompt, list):
+        if all(isinstance(p, int) for p in prompt):
+            return max(1, len(prompt))
+        prompt = "".join(str(p) for p in prompt)
+    return max(1, math.ceil(len(str(prompt)) / 4))
+
+
+def _token_text(start: int, n: int) -> str:
+    return "".join(f" t{i}" for i in range(start, start + n))
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    body = await _json_body(request)
+    if "prompt" not in body:
+        raise _bad("prompt is required")
+    if "input_tokens" in body:
+        input_tokens = _positive_int(body, "input_tokens", MAX_INPUT_TOKENS)
+    else:
+        input_tokens = _prompt_tokens(body["prompt"])
+        if input_tokens > MAX_INPUT_TOKENS:
+            raise _bad(f"prompt too long (at most {MAX_INPUT_TOKENS} tokens)")
+    output_tokens = _positive_int(body, "max_tokens", MAX_OUTPUT_TOKENS, default=16)
+    rid = state.next_id()
+    cid = f"cmpl-{rid}"
+    created = int(time.time())
+    model = str(body.get("model", state.spec.model))
+
+    def chunk(text: str, finish: str | None) -> dict[str, Any]:
+        return {
+            "id": cid,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        }
+
+    if body.get("stream"):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        sent = 0
+
+        async def on_tokens(n: int) -> None:
+            nonlocal sent
+            await resp.write(f"data: {json.dumps(chunk(_token_text(sent, n), None))}\n\n".encode())
+            sent += n
+
+        rec = await state.handle(rid, input_tokens, output_tokens, on_tokens)
+        if rec.status == "completed":
+            await resp.write(f"data: {json.dumps(chunk('', 'length'))}\n\n".encode())
+        else:
+            err = {"error": {"message": rec.failure_reason, "type": "server_error"}}
+            await resp.write(f"data: {json.dumps(err)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    total = 0
+
+    async def count(n: int) -> None:
+        nonlocal total
+        total += n
+
+    rec = await state.handle(rid, input_tokens, output_tokens, count)
+    if rec.status != "completed":
+        return web.json_response(
+            {"error": {"message": rec.failure_reason, "type": "server_error"}}, status=503
+        )
+    doc = chunk(_token_text(0, total), "length")
+    doc["usage"] = {
+        "prompt_tokens": input_tokens,
+        "completion_tokens": total,
+        "total_tokens": input_tokens + total,
+    }
+    return web.json_response(doc)
+
+
+async def _history(request: web.Request) -> web.Response:
+    return web.json_response([r.to_json() for r in request.app[STATE].records])
+
+
+async def _stats(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    snap = state.snapshot()
+    return web.json_response(
+        {
+            "now": snap.now,
+            "in_flight": state.in_flight,
+            "recorded": len(state.records),
+            "threshold_tokens": snap.threshold_tokens,
+            "instances": [
+                {
+                    "id": i.id,
+                    "cluster": i.cluster,
+                    "role": i.role,
+                    "outstanding": i.outstanding,
+                    "outstanding_work": i.outstanding_work,
+                }
+                for i in snap.instances
+            ],
+        }
+    )
+
+
+async def _health(_request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]]:
+    state = RouterState(spec)
+    app = web.Application(client_max_size=1 << 20)
+    app[STATE] = state
+    app.router.add_post("/generate", _generate)
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_get("/history", _history)
+    app.router.add_get("/stats", _stats)
+    app.router.add_get("/health", _health)
+
+    async def _startup(_app: web.Application) -> None:
+        state.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=spec.request_timeout_s, sock_connect=5),
+        )
+        app[HEALTH] = asyncio.get_running_loop().create_task(state.watch_health())
+
+    async def _shutdown(_app: web.Application) -> None:
+        app[HEALTH].cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await app[HEALTH]
+        if state.session is not None:
+            await state.session.close()
+
+    app.on_startup.append(_startup)
+    app.on_cleanup.append(_shutdown)
+    return app, {}

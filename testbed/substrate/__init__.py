@@ -1,0 +1,1 @@
+"""Substrates: where a deployment's services run (`local` processes; `compose` later)."""

@@ -1,0 +1,64 @@
+"""What a substrate provides to a run: start services, shape the link, and hurt things.
+
+The runner and the nemesis only speak this interface, so a scenario runs unchanged on local
+processes or on containers. Addresses come in two kinds: `url` is where the runner (on the host)
+reaches a service's HTTP API; `kv_addr` is where senders in the same datacenter reach a decode
+instance's KV receiver. Cross-datacenter senders get their address from the link.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from testbed.config import LinkConfig, ScaleConfig
+from testbed.scenario.link import LinkSetup
+from testbed.services.spec import ServiceSpec
+
+__all__ = ["ServiceHandle", "Substrate"]
+
+
+@dataclass
+class ServiceHandle:
+    spec: ServiceSpec
+    url: str
+    """HTTP API as the runner reaches it."""
+    kv_addr: tuple[str, int] | None = None
+    """KV receiver as same-datacenter senders reach it (decode instances only)."""
+    ref: object = None
+    """The substrate's own handle (a process, a container)."""
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class Substrate(Protocol):
+    name: str
+
+    async def start_service(self, spec: ServiceSpec) -> ServiceHandle: ...
+
+    async def start_link(
+        self,
+        link: LinkConfig,
+        scale: ScaleConfig,
+        upstreams: dict[str, tuple[str, int]],
+        *,
+        enabled: bool,
+        seed: int,
+    ) -> LinkSetup: ...
+
+    async def kill(self, handle: ServiceHandle) -> None:
+        """SIGKILL: the instance dies with whatever it held."""
+        ...
+
+    async def pause(self, handle: ServiceHandle) -> None:
+        """SIGSTOP / docker pause: alive but silent."""
+        ...
+
+    async def resume(self, handle: ServiceHandle) -> None: ...
+
+    async def restart(self, handle: ServiceHandle) -> ServiceHandle:
+        """Start the instance again with the same identity; returns its new handle."""
+        ...
+
+    async def stop_all(self) -> None:
+        """Stop every service and the link; idempotent."""
+        ...

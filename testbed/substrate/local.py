@@ -1,0 +1,171 @@
+"""The local substrate: every service is its own OS process on loopback.
+
+A service binds port 0 and announces its ports on one stdout line ("READY {...}"), so many runs
+(and tests) can share the machine without port races. Each service's stderr goes to a log file
+in the run's output directory, so a crash leaves evidence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from testbed.config import LinkConfig, ScaleConfig
+from testbed.errors import UserError
+from testbed.scenario.link import LinkSetup, start_link
+from testbed.services.spec import ServiceSpec
+from testbed.substrate.base import ServiceHandle
+
+__all__ = ["LocalService", "LocalSubstrate", "start_service", "stop_services"]
+
+
+@dataclass
+class LocalService:
+    spec: ServiceSpec
+    proc: asyncio.subprocess.Process
+    ports: dict[str, int] = field(default_factory=dict)
+    log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.spec.host}:{self.ports['http']}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+async def start_service(
+    spec: ServiceSpec, log_dir: Path | None, ready_timeout: float = 30.0
+) -> LocalService:
+    """Spawn one service and wait for its READY line."""
+    log_path = None
+    stderr: int | object = asyncio.subprocess.DEVNULL
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = log_dir / f"{spec.id}.log"
+        stderr = log_path.open("wb")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "testbed.services.host",
+        spec.model_dump_json(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=stderr,  # type: ignore[arg-type]
+        env=env,
+        start_new_session=True,  # a Ctrl-C at the terminal reaches the runner, not the services
+    )
+    if hasattr(stderr, "close"):
+        stderr.close()
+    svc = LocalService(spec, proc, log_path=log_path)
+    assert proc.stdout is not None
+    try:
+        async with asyncio.timeout(ready_timeout):
+            while True:
+                line = await proc.stdout.readline()
+                if not line:
+                    raise UserError(
+                        f"service {spec.id} exited during start-up"
+                        + (f"; see {log_path}" if log_path else "")
+                    )
+                if line.startswith(b"READY "):
+                    svc.ports = json.loads(line[6:])
+                    break
+    except TimeoutError:
+        await stop_services([svc])
+        raise UserError(f"service {spec.id} did not start within {ready_timeout:.0f}s") from None
+    return svc
+
+
+async def stop_services(services: list[LocalService], grace: float = 5.0) -> None:
+    """SIGTERM everything, then SIGKILL what is still alive after `grace` seconds."""
+    for svc in services:
+        if svc.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                svc.proc.send_signal(signal.SIGTERM)
+    for svc in services:
+        try:
+            async with asyncio.timeout(grace):
+                await svc.proc.wait()
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                svc.proc.kill()
+            await svc.proc.wait()
+
+
+class LocalSubstrate:
+    """Services as child processes of the runner; faults are signals."""
+
+    name = "local"
+
+    def __init__(self, log_dir: Path | None) -> None:
+        self.log_dir = log_dir
+        self.services: dict[str, LocalService] = {}
+        self.link: LinkSetup | None = None
+
+    def _handle(self, svc: LocalService) -> ServiceHandle:
+        kv = (svc.spec.host, svc.ports["kv"]) if "kv" in svc.ports else None
+        return ServiceHandle(svc.spec, svc.url, kv, svc)
+
+    async def start_service(self, spec: ServiceSpec) -> ServiceHandle:
+        svc = await start_service(spec, self.log_dir)
+        self.services[spec.id] = svc
+        return self._handle(svc)
+
+    async def start_link(
+        self,
+        link: LinkConfig,
+        scale: ScaleConfig,
+        upstreams: dict[str, tuple[str, int]],
+        *,
+        enabled: bool,
+        seed: int,
+    ) -> LinkSetup:
+        self.link = await start_link(
+            link, scale, upstreams, enabled=enabled, seed=seed, log_dir=self.log_dir
+        )
+        return self.link
+
+    def _proc(self, handle: ServiceHandle) -> LocalService:
+        return self.services[handle.spec.id]
+
+    async def kill(self, handle: ServiceHandle) -> None:
+        svc = self._proc(handle)
+        with contextlib.suppress(ProcessLookupError):
+            svc.proc.kill()
+        await svc.proc.wait()
+
+    async def pause(self, handle: ServiceHandle) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self._proc(handle).proc.send_signal(signal.SIGSTOP)
+
+    async def resume(self, handle: ServiceHandle) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self._proc(handle).proc.send_signal(signal.SIGCONT)
+
+    async def restart(self, handle: ServiceHandle) -> ServiceHandle:
+        """Same id and the same ports, so routes through the link and the router stay valid."""
+        old = self._proc(handle)
+        if old.proc.returncode is None:
+            await self.kill(handle)
+        spec = old.spec.model_copy(
+            update={"port": old.ports["http"], "kv_port": old.ports.get("kv", 0)}
+        )
+        return await self.start_service(spec)
+
+    async def stop_all(self) -> None:
+        for svc in self.services.values():  # a paused process cannot act on SIGTERM
+            if svc.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    svc.proc.send_signal(signal.SIGCONT)
+        await stop_services(list(self.services.values()))
+        if self.link is not None:
+            await self.link.aclose()
+            self.link = None
