@@ -1,0 +1,202 @@
+"""A hybrid prefix cache pool, as the paper describes it for hybrid-attention models.
+
+- Full-attention KV is block-level: a prompt is cut into blocks of BLOCK_TOKENS (512, as the
+  Mooncake trace's hash_ids), and a prefix matches block by block. Only full blocks are cached.
+- Linear-attention state is request-level and fixed-size: the state after exactly n tokens is
+  useless for any other length. So a prefix of k blocks is reusable only if the pool also holds
+  the state at exactly k x BLOCK_TOKENS tokens. For a model without linear layers (dense), the
+  blocks alone are enough.
+- Both share one byte budget; least-recently-used entries are evicted first. Transfer-cache
+  blocks (the tail of a prefill waiting to be sent to decode) are reserved from the same budget
+  and released once sent; they never serve a prefix match.
+
+Keys are chained (each block's key covers every block before it), so two prompts share a block
+only if they share the whole prefix up to it. Entries may carry a payload (real tensors for the
+torch engine); the emulated engine stores none. The pool does no I/O and reads no clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["BLOCK_TOKENS", "HybridPrefixPool", "PoolStats", "chain_keys"]
+
+BLOCK_TOKENS = 512
+
+
+def chain_keys(hash_ids: Sequence[int]) -> list[bytes]:
+    """Key of each block prefix: key_i = H(key_{i-1} || hash_id_i)."""
+    keys: list[bytes] = []
+    prev = b""
+    for h in hash_ids:
+        prev = hashlib.blake2b(
+            prev + int(h).to_bytes(8, "little", signed=True), digest_size=16
+        ).digest()
+        keys.append(prev)
+    return keys
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    capacity_bytes: float
+    used_bytes: float
+    transfer_bytes: float
+    blocks: int
+    states: int
+    hits: int
+    misses: int
+    hit_tokens: int
+    evictions: int
+
+
+@dataclass
+class _Entry:
+    size: float
+    payload: Any = None
+
+
+class HybridPrefixPool:
+    """One cluster's prefix cache (see the module docstring)."""
+
+    def __init__(
+        self,
+        capacity_bytes: float,
+        *,
+        block_bytes: float,
+        state_bytes: float,
+        block_tokens: int = BLOCK_TOKENS,
+    ) -> None:
+        if capacity_bytes < 0 or block_bytes < 0 or state_bytes < 0 or block_tokens < 1:
+            raise ValueError("capacity, block and state sizes must be >= 0, block_tokens >= 1")
+        self.capacity = float(capacity_bytes)
+        self.block_bytes = float(block_bytes)
+        self.state_bytes = float(state_bytes)
+        self.block_tokens = block_tokens
+        self._blocks: OrderedDict[bytes, _Entry] = OrderedDict()
+        self._states: OrderedDict[bytes, _Entry] = OrderedDict()
+        self._used = 0.0
+        self._transfer = 0.0
+        self.hits = self.misses = self.hit_tokens = self.evictions = 0
+
+    @property
+    def needs_state(self) -> bool:
+        return self.state_bytes > 0
+
+    # ------------------------------------------------------------------ lookup
+
+    def match_blocks(
+        self, hash_ids: Sequence[int], *, limit: int | None = None, touch: bool = True
+    ) -> int:
+        """How many leading blocks (at most `limit`) are reusable: all present and, for a
+        model with linear-attention layers, the state at exactly that many blocks too."""
+        keys = chain_keys(hash_ids if limit is None else hash_ids[: max(limit, 0)])
+        n = 0
+        while n < len(keys) and keys[n] in self._blocks:
+            n += 1
+        if self.needs_state:
+            while n > 0 and keys[n - 1] not in self._states:
+                n -= 1
+        if touch and n:
+            for key in keys[:n]:
+                self._blocks.move_to_end(key)
+            if self.needs_state:
+                self._states.move_to_end(keys[n - 1])
+        return n
+
+    def match(self, hash_ids: Sequence[int], input_tokens: int, *, record: bool = True) -> int:
+        """Cached tokens of a prompt: reusable blocks x block_tokens, never the whole prompt.
+
+        At least one token is always left to prefill (the last one produces the first output).
+        """
+        limit = max(input_tokens - 1, 0) // self.block_tokens
+        tokens = self.match_blocks(hash_ids, limit=limit, touch=record) * self.block_tokens
+        if record:
+            if tokens:
+                self.hits += 1
+                self.hit_tokens += tokens
+            else:
+                self.misses += 1
+        return tokens
+
+    def payloads(self, hash_ids: Sequence[int], n_blocks: int) -> tuple[list[Any], Any]:
+        """Payloads of the first n_blocks blocks and of the state at that length."""
+        keys = chain_keys(hash_ids)[:n_blocks]
+        blocks = [self._blocks[k].payload for k in keys]
+        state = self._states[keys[-1]].payload if (keys and self.needs_state) else None
+        return blocks, state
+
+    # ------------------------------------------------------------------ insert / evict
+
+    def insert(
+        self,
+        hash_ids: Sequence[int],
+        input_tokens: int,
+        *,
+        block_payloads: Sequence[Any] | None = None,
+        state_payload: Any = None,
+    ) -> int:
+        """Cache a prompt's full blocks and the state at the last full block. Returns blocks kept.
+
+        Only full blocks are cached (a partial last block is transfer cache, not prefix cache).
+        """
+        full = min(len(hash_ids), input_tokens // self.block_tokens)
+        if full == 0:
+            return 0
+        keys = chain_keys(hash_ids[:full])
+        for i, key in enumerate(keys):
+            if key in self._blocks:
+                self._blocks.move_to_end(key)
+                continue
+            payload = block_payloads[i] if block_payloads is not None else None
+            self._blocks[key] = _Entry(self.block_bytes, payload)
+            self._used += self.block_bytes
+        if self.needs_state:
+            last = keys[-1]
+            if last in self._states:
+                self._states.move_to_end(last)
+            else:
+                self._states[last] = _Entry(self.state_bytes, state_payload)
+                self._used += self.state_bytes
+        self._evict()
+        return self.match_blocks(hash_ids[:full], touch=False)
+
+    def _evict(self) -> None:
+        while self._used + self._transfer > self.capacity and (self._blocks or self._states):
+            # The least recently used of the two kinds goes first; blocks are evicted from the
+            # tail end of the LRU order, states likewise.
+            if self._states and (
+                not self._blocks
+                or len(self._states) * self.state_bytes >= len(self._blocks) * self.block_bytes
+            ):
+                _, entry = self._states.popitem(last=False)
+            else:
+                _, entry = self._blocks.popitem(last=False)
+            self._used -= entry.size
+            self.evictions += 1
+
+    # ------------------------------------------------------------------ transfer cache
+
+    def reserve_transfer(self, nbytes: float) -> None:
+        """Hold the tail of a prefill until it is sent; may evict prefix cache to make room."""
+        self._transfer += nbytes
+        self._evict()
+
+    def release_transfer(self, nbytes: float) -> None:
+        self._transfer = max(self._transfer - nbytes, 0.0)
+
+    def stats(self) -> PoolStats:
+        return PoolStats(
+            self.capacity,
+            self._used,
+            self._transfer,
+            len(self._blocks),
+            len(self._states),
+            self.hits,
+            self.misses,
+            self.hit_tokens,
+            self.evictions,
+        )

@@ -1,0 +1,65 @@
+"""The hybrid prefix cache pool's match semantics (the paper's Section on the hybrid pool)."""
+
+import pytest
+
+from testbed.kvcache import BLOCK_TOKENS, HybridPrefixPool, chain_keys
+
+
+def hybrid(capacity: float = 1e9) -> HybridPrefixPool:
+    return HybridPrefixPool(capacity, block_bytes=10, state_bytes=100)
+
+
+def test_block_prefix_match_needs_the_state_at_exactly_that_length() -> None:
+    pool = hybrid()
+    pool.insert([1, 2, 3, 4], 4 * BLOCK_TOKENS + 100)  # 4 full blocks, state at 4 blocks
+    assert pool.match([1, 2, 3, 4, 5], 10 * BLOCK_TOKENS) == 4 * BLOCK_TOKENS
+    # the first 3 blocks are there, but no linear-attention state at 3 x 512 tokens
+    assert pool.match([1, 2, 3, 9], 10 * BLOCK_TOKENS) == 0
+    assert pool.match([7, 2, 3, 4], 10 * BLOCK_TOKENS) == 0  # chained: a different prefix
+
+
+def test_dense_models_match_block_by_block() -> None:
+    pool = HybridPrefixPool(1e9, block_bytes=10, state_bytes=0)
+    pool.insert([1, 2, 3, 4], 4 * BLOCK_TOKENS)
+    assert pool.match([1, 2, 3, 9], 10 * BLOCK_TOKENS) == 3 * BLOCK_TOKENS
+
+
+def test_partial_blocks_are_not_cached_and_one_token_is_always_left() -> None:
+    pool = hybrid()
+    assert pool.insert([1, 2], BLOCK_TOKENS + 10) == 1  # the partial second block is not kept
+    assert pool.match([1, 2], 2 * BLOCK_TOKENS) == BLOCK_TOKENS
+    pool.insert([5, 6], 2 * BLOCK_TOKENS)
+    # the same prompt again: all blocks cached, but the last token must be prefilled, and the
+    # state at 1 block is missing, so nothing is reusable
+    assert pool.match([5, 6], 2 * BLOCK_TOKENS) == 0
+
+
+def test_lru_eviction_respects_capacity_and_transfer_reservations() -> None:
+    pool = hybrid(capacity=250)  # room for one prompt of 4 blocks + state (140 bytes)
+    pool.insert([1, 2, 3, 4], 4 * BLOCK_TOKENS)
+    pool.insert([5, 6, 7, 8], 4 * BLOCK_TOKENS)
+    s = pool.stats()
+    assert s.used_bytes <= 250 and s.evictions > 0
+    assert pool.match([5, 6, 7, 8, 9], 9 * BLOCK_TOKENS) == 4 * BLOCK_TOKENS
+    assert pool.match([1, 2, 3, 4, 9], 9 * BLOCK_TOKENS) == 0
+    pool.reserve_transfer(200)
+    assert pool.stats().used_bytes + 200 <= 250
+    pool.release_transfer(200)
+    assert pool.stats().transfer_bytes == 0
+
+
+def test_payloads_round_trip() -> None:
+    pool = hybrid()
+    pool.insert([1, 2], 2 * BLOCK_TOKENS, block_payloads=["b1", "b2"], state_payload="s2")
+    assert pool.payloads([1, 2], 2) == (["b1", "b2"], "s2")
+
+
+def test_chain_keys_cover_the_whole_prefix() -> None:
+    a, b = chain_keys([1, 2, 3]), chain_keys([9, 2, 3])
+    assert a[0] != b[0] and a[2] != b[2]
+    assert chain_keys([1, 2]) == a[:2]
+
+
+def test_bad_sizes() -> None:
+    with pytest.raises(ValueError):
+        HybridPrefixPool(-1, block_bytes=1, state_bytes=1)
