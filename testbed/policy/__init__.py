@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from testbed.policy.base import Policy
+from testbed.policy.prfaas import Prfaas, PrfaasNoCache
 from testbed.policy.static import Homogeneous, Naive, PrfaasStatic
 
 POLICIES: dict[str, type] = {
     "homogeneous": Homogeneous,
     "naive": Naive,
     "prfaas-static": PrfaasStatic,
+    "prfaas": Prfaas,
+    "prfaas-nocache": PrfaasNoCache,
 }
 
 # The deployment kind each policy runs on when a scenario has several.
@@ -16,6 +19,8 @@ POLICY_DEPLOYMENT_KIND = {
     "homogeneous": "homogeneous",
     "naive": "naive",
     "prfaas-static": "prfaas-pd",
+    "prfaas": "prfaas-pd",
+    "prfaas-nocache": "prfaas-pd",
 }
 
 

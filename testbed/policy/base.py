@@ -41,6 +41,8 @@ class Snapshot:
     instances: tuple[InstanceLoad, ...]
     threshold_tokens: float | None = None
     """The threshold currently in force (from the scenario or the planner)."""
+    bandwidth_scarce: bool = False
+    """The short-term loop judges the cross-datacenter link scarce (see scheduler.shortterm)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class Route:
     decode_instance: str
     uncached_tokens: int
     threshold_tokens: float | None = None
+    pull_prefix_tokens: int = 0
+    """Cached prefix to move from the other cluster before prefill (cache-aware, abundant)."""
 
 
 class Policy(Protocol):

@@ -1,0 +1,60 @@
+"""The PrfaaS policy: length threshold from the short-term loop plus the paper's cache-aware rule.
+
+With l_total input tokens and cached prefixes l_pd (local) and l_prfaas (PrfaaS):
+- bandwidth scarce: judge each cluster alone. l_total - l_pd <= t -> PD-P (reusing the local
+  cache); otherwise PrfaaS, reusing what PrfaaS has cached.
+- bandwidth abundant: use the best prefix anywhere, l = l_total - max(l_pd, l_prfaas);
+  l <= t -> PD-P, else PrfaaS; when the longest prefix sits in the other cluster, the route asks
+  for it to be pulled across before prefill.
+The threshold and the scarcity flag come from the snapshot, so the policy stays a pure function;
+`prfaas-nocache` is the same with every cache ignored (the cache-blind ablation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from testbed.policy.base import Cluster, RequestView, Route, Snapshot
+from testbed.policy.static import _route
+
+
+@dataclass(frozen=True)
+class Prfaas:
+    name: str = "prfaas"
+    cache_aware: bool = True
+
+    def decide(self, request: RequestView, snapshot: Snapshot) -> Route:
+        t = snapshot.threshold_tokens
+        if t is None:
+            raise ValueError(f"{self.name} needs a threshold in the snapshot")
+        total = request.input_tokens
+        local, remote = (
+            (request.cached_local, request.cached_prfaas) if self.cache_aware else (0, 0)
+        )
+        view = RequestView(request.id, total, request.output_tokens, local, remote)
+        if snapshot.bandwidth_scarce or not self.cache_aware:
+            cluster: Cluster = "local" if total - local <= t else "prfaas"
+            return _route(view, snapshot, cluster, t)
+        best = max(local, remote)
+        cluster = "local" if total - best <= t else "prfaas"
+        here = local if cluster == "local" else remote
+        pull = best - here if best > here else 0
+        if pull:
+            # The prefix is pulled across before prefill, so prefill starts from `best`.
+            view = RequestView(
+                request.id, total, request.output_tokens,
+                best if cluster == "local" else local, best if cluster == "prfaas" else remote,
+            )  # fmt: skip
+        route = _route(view, snapshot, cluster, t)
+        if pull and route.prefill_cluster == cluster:
+            return Route(
+                route.prefill_cluster, route.prefill_instance, route.decode_instance,
+                route.uncached_tokens, t, pull_prefix_tokens=pull,
+            )  # fmt: skip
+        return route
+
+
+@dataclass(frozen=True)
+class PrfaasNoCache(Prfaas):
+    name: str = "prfaas-nocache"
+    cache_aware: bool = False

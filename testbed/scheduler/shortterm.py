@@ -1,0 +1,68 @@
+"""The short-term loop: re-search the threshold t when the measured bandwidth moves.
+
+Re-planning is the paper's own remedy ("re-profile capacity and bandwidth and re-search t");
+what it leaves open is when. We re-plan when the bandwidth estimate differs by more than
+`replan_change` from the one the current t was planned with, and adopt the new t only if it
+differs by more than `min_t_change` and the last change is at least `cooldown_s` old, so
+measurement noise does not make routing flap (hysteresis). Bandwidth counts as scarce when the
+planned PrfaaS egress would use more than `scarce_utilisation` of the estimate; the cache-aware
+rule reads that flag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from testbed.planner import StagePlan
+
+__all__ = ["ThresholdController", "ThresholdDecision"]
+
+
+@dataclass(frozen=True)
+class ThresholdDecision:
+    threshold_tokens: float
+    bandwidth: float
+    """Real bytes/s the threshold was planned with."""
+    scarce: bool
+    changed: bool
+
+
+@dataclass
+class ThresholdController:
+    plan: Callable[[float], StagePlan]
+    """Planner for the deployment at a given link bandwidth (real bytes/s)."""
+    nominal: float
+    replan_change: float = 0.2
+    min_t_change: float = 0.05
+    cooldown_s: float = 2.0
+    scarce_utilisation: float = 0.7
+
+    def __post_init__(self) -> None:
+        first = self.plan(self.nominal)
+        assert first.threshold_tokens is not None
+        self.threshold = first.threshold_tokens
+        self.planned_bandwidth = self.nominal
+        self.scarce = self._scarce(first, self.nominal)
+        self._changed_at = float("-inf")
+
+    def _scarce(self, plan: StagePlan, bandwidth: float) -> bool:
+        return plan.egress_gbps * 1e9 / 8 > self.scarce_utilisation * bandwidth
+
+    def update(self, now: float, bandwidth: float) -> ThresholdDecision:
+        """`now` in real seconds, `bandwidth` the current estimate in real bytes/s."""
+        moved = (
+            abs(bandwidth - self.planned_bandwidth) > self.replan_change * self.planned_bandwidth
+        )
+        changed = False
+        if moved and now - self._changed_at >= self.cooldown_s:
+            plan = self.plan(bandwidth)
+            t = plan.threshold_tokens
+            assert t is not None
+            self.scarce = self._scarce(plan, bandwidth)
+            self.planned_bandwidth = bandwidth
+            if abs(t - self.threshold) > self.min_t_change * self.threshold:
+                self.threshold = t
+                self._changed_at = now
+                changed = True
+        return ThresholdDecision(self.threshold, self.planned_bandwidth, self.scarce, changed)

@@ -1,0 +1,96 @@
+"""The short-term loop's pieces: link estimate from sender counters, threshold re-planning,
+and the cache-aware PrfaaS policy."""
+
+from pathlib import Path
+
+import pytest
+
+from testbed.config import load_scenario
+from testbed.plan_cli import plan_inputs
+from testbed.planner import plan_deployment
+from testbed.policy import make_policy
+from testbed.policy.base import InstanceLoad, RequestView, Snapshot
+from testbed.scheduler.bandwidth import LinkEstimator, LinkSample
+from testbed.scheduler.shortterm import ThresholdController
+
+GBPS = 1e9 / 8
+PAPER = Path(__file__).resolve().parents[1] / "scenarios" / "paper.yaml"
+
+
+def feed(est: LinkEstimator, t0: float, rate: float, inflight: float, n: int, dt: float = 1.0):  # type: ignore[no-untyped-def]
+    acked = est._last.bytes_acked if est._last else 0.0
+    out = []
+    for i in range(1, n + 1):
+        acked += rate * dt
+        out.append(est.update(LinkSample(t0 + i * dt, acked, inflight)))
+    return out
+
+
+def test_estimate_follows_a_saturated_link_down_and_recovers() -> None:
+    est = LinkEstimator(100 * GBPS)
+    feed(est, 0, 12 * GBPS, 1 * GBPS, 5)  # light load, no standing queue: stays nominal
+    assert est.estimate == pytest.approx(100 * GBPS)
+    # 5 Gbps delivered while 20 Gbit sit in flight: a 4 s standing queue
+    down = feed(est, 5, 5 * GBPS, 20 * GBPS, 3)
+    assert est.bottleneck
+    assert down[-1] < 10 * GBPS  # within 3 samples (3 s real)
+    up = feed(est, 8, 3 * GBPS, 0.0, 30)  # link recovered: nothing queued
+    assert up[-1] > 90 * GBPS and not est.bottleneck
+
+
+def test_partition_drives_the_estimate_towards_zero() -> None:
+    est = LinkEstimator(100 * GBPS)
+    feed(est, 0, 10 * GBPS, 1 * GBPS, 2)
+    cut = feed(est, 2, 0.0, 5 * GBPS, 3)  # nothing acknowledged, bytes stuck in flight
+    assert cut[-1] < 1 * GBPS
+
+
+@pytest.fixture(scope="module")
+def controller_parts():  # type: ignore[no-untyped-def]
+    sc = load_scenario(PAPER)
+    dep, inputs = sc.deployments["prfaas-pd"], plan_inputs(sc)
+
+    def plan(bw: float):  # type: ignore[no-untyped-def]
+        return plan_deployment("prfaas-pd", dep, inputs, link_bytes_per_s=bw, n_prefill=3)
+
+    return plan
+
+
+def test_threshold_rises_when_bandwidth_drops_and_falls_back(controller_parts) -> None:  # type: ignore[no-untyped-def]
+    ctl = ThresholdController(controller_parts, 100 * GBPS, cooldown_s=2.0)
+    t0 = ctl.threshold
+    assert t0 == pytest.approx(19_500, rel=0.05) and not ctl.scarce
+    small = ctl.update(1.0, 95 * GBPS)  # within the hysteresis band: no re-plan
+    assert not small.changed and small.threshold_tokens == t0
+    drop = ctl.update(2.0, 5 * GBPS)
+    assert drop.changed and drop.threshold_tokens > t0 and drop.scarce
+    assert ctl.update(2.5, 100 * GBPS).threshold_tokens == drop.threshold_tokens  # cooldown
+    back = ctl.update(5.0, 100 * GBPS)
+    assert back.changed and back.threshold_tokens == pytest.approx(t0)
+
+
+def _snap(scarce: bool) -> Snapshot:
+    return Snapshot(
+        0.0,
+        (
+            InstanceLoad("pf", "prfaas", "prefill", 0, 0),
+            InstanceLoad("pdp", "local", "prefill", 0, 0),
+            InstanceLoad("pdd", "local", "decode", 0, 0),
+        ),
+        threshold_tokens=10_000,
+        bandwidth_scarce=scarce,
+    )
+
+
+def test_cache_aware_rule_scarce_vs_abundant() -> None:
+    policy = make_policy("prfaas")
+    # 30K prompt, 25K cached in PrfaaS only.
+    req = RequestView("a", 30_000, 10, cached_local=0, cached_prfaas=25_000)
+    scarce = policy.decide(req, _snap(True))
+    assert scarce.prefill_cluster == "prfaas" and scarce.uncached_tokens == 5_000
+    abundant = policy.decide(req, _snap(False))
+    # best prefix anywhere leaves 5K <= t: prefill locally, pulling the prefix across
+    assert abundant.prefill_cluster == "local" and abundant.uncached_tokens == 5_000
+    assert abundant.pull_prefix_tokens == 25_000
+    blind = make_policy("prfaas-nocache").decide(req, _snap(False))
+    assert blind.prefill_cluster == "prfaas" and blind.uncached_tokens == 30_000
