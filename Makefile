@@ -8,7 +8,7 @@ NAME   ?= burst
 SUBSTRATE ?= local
 ARGS   ?=
 
-.PHONY: install test test-fast lint bench scenario scenarios plan clean help
+.PHONY: install test test-fast chaos lint bench scenario scenarios plan clean help
 
 help:
 	@echo "make install             create .venv from pyproject.toml (idempotent)"
@@ -16,6 +16,7 @@ help:
 	@echo "make scenarios           list the scenario library"
 	@echo "make plan NAME=paper     print the planner's table for scenarios/NAME.yaml"
 	@echo "make test                run the test suite (what CI runs)"
+	@echo "make chaos               short versions of every scenario with faults (pytest -m chaos)"
 	@echo "make lint                ruff + mypy"
 	@echo "make bench               run the bench/ scripts and print their figures"
 	@echo "make clean               remove .venv, results/ and caches"
@@ -40,6 +41,9 @@ test: $(MODEL_STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not chaos and not compose"
 
+chaos: $(STAMP)
+	$(BIN)/python -m pytest -q -m chaos
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -60,3 +64,18 @@ plan: $(STAMP)
 clean:
 	rm -rf $(VENV) results .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# The compose substrate (docs/compose.md): images built from Debian packages and PyPI wheels
+# (cached: a second run takes seconds), and removal of every container/network/volume it made.
+.PHONY: images down
+COMPOSE_STAMP := $(VENV)/.compose-installed
+
+$(COMPOSE_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev,compose]'
+	@touch $(COMPOSE_STAMP)
+
+images: $(COMPOSE_STAMP)
+	$(BIN)/python -m testbed.substrate.compose images
+
+down: $(COMPOSE_STAMP)
+	$(BIN)/python -m testbed.substrate.compose down

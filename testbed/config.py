@@ -28,10 +28,12 @@ from testbed.units import parse_bandwidth, parse_duration, parse_size, parse_tok
 
 __all__ = [
     "ArrivalsConfig",
+    "CheckerConfig",
     "ClusterConfig",
     "DeploymentConfig",
     "LengthsConfig",
     "LinkConfig",
+    "NemesisEvent",
     "PolicyConfig",
     "ScaleConfig",
     "Scenario",
@@ -249,6 +251,140 @@ class PlannerConfig(_Model):
     threshold_step: Tokens = 100.0
 
 
+NemesisActionName = Literal[
+    "bandwidth",
+    "latency",
+    "partition",
+    "reset_peer",
+    "slow_close",
+    "kill",
+    "pause",
+    "restart",
+    "burst",
+]
+
+# Which optional fields each nemesis action takes, and which of them it requires.
+_NEMESIS_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "bandwidth": (frozenset({"bandwidth"}), frozenset({"bandwidth"})),
+    "latency": (frozenset({"rtt", "jitter"}), frozenset()),
+    "partition": (frozenset({"mode", "timeout"}), frozenset()),
+    "reset_peer": (frozenset({"timeout", "toxicity"}), frozenset()),
+    "slow_close": (frozenset({"delay", "toxicity"}), frozenset({"delay"})),
+    "kill": (frozenset({"target", "count"}), frozenset({"target"})),
+    "pause": (frozenset({"target", "count"}), frozenset({"target", "for_"})),
+    "restart": (frozenset({"target", "count"}), frozenset({"target"})),
+    "burst": (frozenset({"multiplier"}), frozenset({"multiplier", "for_"})),
+}
+_NEMESIS_OPTIONAL = frozenset(
+    {"for_", "target", "count", "bandwidth", "rtt", "jitter", "mode", "timeout", "delay"}
+    | {"toxicity", "multiplier"}
+)
+NEMESIS_TARGET_GROUPS = ("prfaas-prefill", "local-prefill", "local-decode")
+"""Process-fault targets: a group (`count` of its instances, picked from the seed) or one
+instance id such as `local-decode-1`."""
+
+
+def _nemesis_target(value: str | None) -> str | None:
+    if value is None:
+        return None
+    base, _, index = value.rpartition("-")
+    if value in NEMESIS_TARGET_GROUPS or (base in NEMESIS_TARGET_GROUPS and index.isdigit()):
+        return value
+    raise ValueError(
+        f"unknown target {value!r}; use one of {', '.join(NEMESIS_TARGET_GROUPS)} "
+        f"or an instance id like 'local-decode-0'"
+    )
+
+
+class NemesisEvent(_Model):
+    """One fault on the nemesis timeline, in real-world seconds since the load started.
+
+    `at` is when it starts; `for` how long it lasts (then it is undone: the link restored, a
+    killed worker restarted, a paused one resumed). Without `for` a link fault or a kill is
+    permanent. Which fields an action takes: see docs/scenarios.md.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    action: NemesisActionName
+    at: Duration
+    for_: PositiveDuration | None = Field(None, alias="for")
+    target: Annotated[str | None, AfterValidator(_nemesis_target)] = None
+    count: int = Field(1, ge=1, le=1000)
+    bandwidth: Bandwidth | None = None
+    rtt: Duration | None = Field(None, description="latency: round-trip time added to the link")
+    jitter: Duration | None = None
+    mode: Literal["disable", "timeout"] = "disable"
+    timeout: Duration | None = None
+    delay: Duration | None = None
+    toxicity: float = Field(1.0, ge=0, le=1)
+    multiplier: float | None = Field(None, gt=1, le=100)
+
+    @model_validator(mode="after")
+    def _fields_fit_action(self) -> NemesisEvent:
+        allowed, required = _NEMESIS_FIELDS[self.action]
+        set_fields = self.model_fields_set & _NEMESIS_OPTIONAL
+        for name in sorted(set_fields - allowed - {"for_"}):
+            raise ValueError(f"field {name!r} does not apply to action {self.action!r}")
+        for name in sorted(required - set_fields):
+            shown = "for" if name == "for_" else name
+            raise ValueError(f"action {self.action!r} needs field {shown!r}")
+        if self.action == "latency" and self.rtt is None and self.jitter is None:
+            raise ValueError("action 'latency' needs 'rtt' or 'jitter'")
+        if self.action == "restart" and self.for_ is not None:
+            raise ValueError("action 'restart' is instantaneous; use 'kill' with 'for' instead")
+        if self.action == "partition" and self.mode == "disable" and self.timeout is not None:
+            raise ValueError("'timeout' applies to partition mode 'timeout' only")
+        return self
+
+    @property
+    def end(self) -> float | None:
+        return None if self.for_ is None else self.at + self.for_
+
+
+CheckName = Literal["ttft", "tpot", "e2e", "reroute", "recover", "failures"]
+
+
+class CheckerConfig(_Model):
+    """A checker beyond the three built-in invariants (which always run).
+
+    - ttft / tpot / e2e: percentile `p` of completed requests is at most `max` (only requests
+      arriving while a `during` fault is in force, if given).
+    - failures: at most `max_fraction` of submitted requests failed (with a reason).
+    - reroute: after each `fault` (a nemesis action) starts, a request that avoids the faulty
+      target starts prefill within `within`.
+    - recover: after each `fault` ends, TTFT is back under `ttft` (for `streak` consecutive
+      requests by arrival) within `within`.
+    """
+
+    check: CheckName
+    p: float = Field(90.0, gt=0, le=100)
+    max: PositiveDuration | None = None
+    max_fraction: float | None = Field(None, ge=0, le=1)
+    fault: NemesisActionName | None = None
+    within: PositiveDuration | None = None
+    ttft: PositiveDuration | None = None
+    streak: int = Field(3, ge=1, le=1000)
+    during: NemesisActionName | None = None
+
+    @model_validator(mode="after")
+    def _fields_fit_check(self) -> CheckerConfig:
+        if self.during is not None and self.check not in ("ttft", "tpot", "e2e"):
+            raise ValueError("'during' applies to the ttft, tpot and e2e checks only")
+        need = {
+            "ttft": ("max",),
+            "tpot": ("max",),
+            "e2e": ("max",),
+            "failures": ("max_fraction",),
+            "reroute": ("fault", "within"),
+            "recover": ("fault", "within", "ttft"),
+        }[self.check]
+        for name in need:
+            if getattr(self, name) is None:
+                raise ValueError(f"check {self.check!r} needs field {name!r}")
+        return self
+
+
 class Scenario(_Model):
     """A deployment (or several, for comparison), a workload, a policy and a run length."""
 
@@ -263,8 +399,8 @@ class Scenario(_Model):
     slo: SloConfig = Field(default_factory=SloConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
-    nemesis: list[dict[str, Any]] = Field(default_factory=list)
-    checkers: list[dict[str, Any]] = Field(default_factory=list)
+    nemesis: list[NemesisEvent] = Field(default_factory=list)
+    checkers: list[CheckerConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _deployment_exists(self) -> Scenario:
@@ -306,7 +442,8 @@ def load_yaml(path: Path) -> Any:
         where = f":{mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{path}{where}: YAML syntax error: {exc.problem}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: YAML error: {exc}") from None
+        one_line = " ".join(part.strip() for part in str(exc).splitlines())
+        raise ConfigError(f"{path}: YAML error: {one_line}") from None
 
 
 def load_scenario(path: str | Path) -> Scenario:

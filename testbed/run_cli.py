@@ -30,8 +30,8 @@ def _positive_float(text: str) -> float:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.substrate != "local":
-        raise UserError(f"substrate {args.substrate!r} is not available yet; use 'local'")
+    if args.substrate not in ("local", "compose"):
+        raise UserError(f"substrate {args.substrate!r} is not available; use 'local' or 'compose'")
     scenario = load_scenario(args.scenario)
     out = Path(args.out) if args.out else Path("results") / scenario.name
     opts = RunOptions(

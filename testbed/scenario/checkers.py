@@ -10,23 +10,51 @@ They are the testbed's promises, checked after every run (faults or not) rather 
 - no_unverified_decode: no request streamed a token before its KV was verified, including
   requests that later failed.
 
+Scenario checkers (the `checkers:` list of a scenario, `testbed.config.CheckerConfig`) add:
+
+- ttft / tpot / e2e: a percentile of completed requests stays under a bound.
+- failures: at most a fraction of submitted requests failed (each with a reason).
+- reroute: after a fault starts (a "fault" history event), the first request whose path avoids
+  the faulty target starts prefill within `within`. For link faults the target is the link: a
+  request avoids it by not crossing datacenters, and only requests the policy would offload
+  (uncached length above the lowest threshold any request saw; all requests if none had one)
+  count. For process faults a request avoids the target if neither its prefill nor its decode
+  instance is one of the faulty instances. A fault with no request to re-route during it passes.
+- recover: after a fault ends, TTFT is back under `ttft` within `within`: the first request
+  (by arrival, arriving after the end) that starts a run of `streak` consecutive completed
+  requests within the bound arrives no later than `within` after the end.
+
+And, when the runner passes the load generator's planned count, generator_count: every request
+the generator planned was submitted (requests never submitted are only allowed on Ctrl-C).
+
 Each result carries a one-line detail with the counts and the first few offending ids, which is
 what a person needs to start debugging from the report.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from testbed.metrics.records import RequestRecord
+import numpy as np
+
+from testbed.config import CheckerConfig
+from testbed.metrics.records import HistoryEvent, RequestRecord
+from testbed.metrics.summary import stats
 
 __all__ = [
     "CheckResult",
+    "check_failures",
+    "check_generator_count",
     "check_kv_accounted",
+    "check_latency",
     "check_no_unverified_decode",
     "check_nothing_lost",
+    "check_recover",
+    "check_reroute",
+    "run_checker",
     "run_checkers",
 ]
 
@@ -125,12 +153,213 @@ def check_no_unverified_decode(records: Sequence[RequestRecord]) -> CheckResult:
     return CheckResult("no_unverified_decode", True, f"{decoded} decoded requests, all verified")
 
 
-def run_checkers(
-    records: Sequence[RequestRecord], submitted_ids: Sequence[str]
-) -> list[CheckResult]:
-    """All built-in checkers, in a fixed order."""
+def check_generator_count(planned: int, submitted_ids: Sequence[str]) -> CheckResult:
+    """The load generator's own count: every planned request was submitted, once."""
+    n = len(submitted_ids)
+    ok = n == planned and len(set(submitted_ids)) == n
+    return CheckResult(
+        "generator_count", ok, f"{planned} planned by the load generator, {n} submitted"
+    )
+
+
+def _s(v: float) -> str:
+    return f"{v:.3g}s"
+
+
+def check_latency(
+    records: Sequence[RequestRecord],
+    metric: str,
+    p: float,
+    bound_s: float,
+    *,
+    history: Sequence[HistoryEvent] = (),
+    during: str | None = None,
+) -> CheckResult:
+    """Percentile `p` of `metric` ("ttft", "tpot" or "e2e") over completed requests <= bound;
+    with `during`, only over requests that arrived while such a fault was in force."""
+    name = f"{metric}_p{p:g}" + (f"_during_{during}" if during else "")
+    if during is not None:
+        windows = _fault_windows(history, during)
+        if not windows:
+            return CheckResult(name, False, f"no {during!r} fault was applied in this run")
+        records = [r for r in records if any(s <= r.arrival < e for s, e, _ in windows)]
+    values = [
+        v for r in records if r.status == "completed" and (v := getattr(r, metric)) is not None
+    ]
+    if not values:
+        return CheckResult(name, False, f"no completed request has a {metric}")
+    got = float(np.percentile(values, p))
+    mean = stats(values)["mean"]
+    detail = (
+        f"{metric} p{p:g} {_s(got)} (bound {_s(bound_s)}) over {len(values)} completed; "
+        f"mean {_s(mean or 0.0)}"
+    )
+    return CheckResult(name, got <= bound_s, detail)
+
+
+def check_failures(
+    records: Sequence[RequestRecord], submitted: int, max_fraction: float
+) -> CheckResult:
+    failed = sum(1 for r in records if r.status == "failed")
+    frac = failed / submitted if submitted else 0.0
+    detail = f"{failed} of {submitted} failed ({frac:.1%}, at most {max_fraction:.1%})"
+    return CheckResult("failures", frac <= max_fraction, detail)
+
+
+def _fault_windows(history: Sequence[HistoryEvent], action: str) -> list[tuple[float, float, str]]:
+    """(start, end, target) of every applied fault of this action; end is inf if never ended."""
+    starts: dict[object, HistoryEvent] = {}
+    ends: dict[object, float] = {}
+    for e in sorted(history, key=lambda e: e.t):
+        if e.kind != "fault" or e.data.get("action") != action or "error" in e.data:
+            continue
+        key = e.data.get("index")
+        if e.data.get("phase") == "start":
+            starts.setdefault(key, e)
+        elif e.data.get("phase") == "end":
+            ends.setdefault(key, e.t)
     return [
+        (e.t, ends.get(k, math.inf), str(e.data.get("target") or ""))
+        for k, e in sorted(starts.items(), key=lambda kv: kv[1].t)
+    ]
+
+
+def _in_scope(r: RequestRecord, instances: set[str], t_min: float | None) -> bool:
+    """Whether a request would have used the faulty target (see the module docstring)."""
+    if instances:
+        return True
+    return t_min is None or r.input_tokens - r.cached_tokens > t_min
+
+
+def _avoids(r: RequestRecord, instances: set[str]) -> bool:
+    if instances:
+        return r.prefill_instance not in instances and r.decode_instance not in instances
+    return not r.cross_dc
+
+
+def check_reroute(
+    records: Sequence[RequestRecord],
+    history: Sequence[HistoryEvent],
+    fault: str,
+    within_s: float,
+) -> CheckResult:
+    """After each `fault` starts, a request avoiding its target starts prefill within bound."""
+    name = f"reroute_{fault}"
+    windows = _fault_windows(history, fault)
+    if not windows:
+        return CheckResult(name, False, f"no {fault!r} fault was applied in this run")
+    thresholds = [r.threshold_tokens for r in records if r.threshold_tokens is not None]
+    t_min = min(thresholds) if thresholds else None
+    parts: list[str] = []
+    ok = True
+    for start, end, target in windows:
+        instances = set(target.split(",")) if target and target != "link" else set()
+
+        scoped = [r for r in records if _in_scope(r, instances, t_min) and start <= r.arrival < end]
+        served = [
+            r.prefill_start
+            for r in records
+            if r.status == "completed"
+            and _in_scope(r, instances, t_min)
+            and _avoids(r, instances)
+            and r.prefill_start is not None
+            and start <= r.prefill_start < end
+        ]
+        what = f"{fault}{' of ' + target if target else ''} at {start:.4g}s"
+        if served:
+            took = min(served) - start
+            good = took <= within_s
+            parts.append(f"{what}: re-routed after {_s(took)} (bound {_s(within_s)})")
+        elif not scoped:
+            good = True
+            parts.append(f"{what}: no request needed re-routing")
+        else:
+            good = False
+            parts.append(f"{what}: none of {len(scoped)} requests arriving during it avoided it")
+        ok = ok and good
+    return CheckResult(name, ok, "; ".join(parts))
+
+
+def check_recover(
+    records: Sequence[RequestRecord],
+    history: Sequence[HistoryEvent],
+    fault: str,
+    within_s: float,
+    ttft_s: float,
+    streak: int = 3,
+) -> CheckResult:
+    """After each `fault` ends, TTFT is back under `ttft_s` within `within_s` (see module)."""
+    name = f"recover_{fault}"
+    windows = _fault_windows(history, fault)
+    if not windows:
+        return CheckResult(name, False, f"no {fault!r} fault was applied in this run")
+    parts: list[str] = []
+    ok = True
+    ordered = sorted(records, key=lambda r: (r.arrival, r.id))
+    for _start, end, target in windows:
+        what = f"{fault}{' of ' + target if target else ''}"
+        if math.isinf(end):
+            ok = False
+            parts.append(f"{what}: never ended, so there is nothing to recover from")
+            continue
+        after = [r for r in ordered if r.arrival >= end]
+        good_at: float | None = None
+        for i in range(len(after) - streak + 1):
+            window = after[i : i + streak]
+            if all(r.status == "completed" and (r.ttft or math.inf) <= ttft_s for r in window):
+                good_at = after[i].arrival
+                break
+        if good_at is None:
+            ok = False
+            parts.append(
+                f"{what} ended at {end:.4g}s: TTFT never back under {_s(ttft_s)} for {streak} "
+                f"requests in a row ({len(after)} arrived after it)"
+            )
+            continue
+        took = good_at - end
+        ok = ok and took <= within_s
+        parts.append(
+            f"{what} ended at {end:.4g}s: TTFT under {_s(ttft_s)} again after {_s(took)} "
+            f"(bound {_s(within_s)})"
+        )
+    return CheckResult(name, ok, "; ".join(parts))
+
+
+def run_checker(
+    cfg: CheckerConfig,
+    records: Sequence[RequestRecord],
+    history: Sequence[HistoryEvent],
+    submitted: int,
+) -> CheckResult:
+    """One scenario checker (`checkers:` in a scenario file)."""
+    if cfg.check in ("ttft", "tpot", "e2e"):
+        assert cfg.max is not None
+        return check_latency(records, cfg.check, cfg.p, cfg.max, history=history, during=cfg.during)
+    if cfg.check == "failures":
+        assert cfg.max_fraction is not None
+        return check_failures(records, submitted, cfg.max_fraction)
+    assert cfg.fault is not None and cfg.within is not None
+    if cfg.check == "reroute":
+        return check_reroute(records, history, cfg.fault, cfg.within)
+    assert cfg.ttft is not None
+    return check_recover(records, history, cfg.fault, cfg.within, cfg.ttft, cfg.streak)
+
+
+def run_checkers(
+    records: Sequence[RequestRecord],
+    submitted_ids: Sequence[str],
+    *,
+    history: Sequence[HistoryEvent] = (),
+    configs: Sequence[CheckerConfig] = (),
+    planned: int | None = None,
+) -> list[CheckResult]:
+    """The built-in checkers, in a fixed order, then the scenario's own in its order."""
+    out = [
         check_nothing_lost(records, submitted_ids),
         check_kv_accounted(records),
         check_no_unverified_decode(records),
     ]
+    if planned is not None:
+        out.append(check_generator_count(planned, submitted_ids))
+    out += [run_checker(c, records, history, len(submitted_ids)) for c in configs]
+    return out

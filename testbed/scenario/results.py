@@ -63,7 +63,13 @@ def write_results(
         byte_scale=sc.scale.byte_scale,
         extra=extra,
     )
-    checks = run_checkers(records, submitted)
+    checks = run_checkers(
+        records,
+        submitted,
+        history=history,
+        configs=sc.checkers,
+        planned=None if interrupted else len(rp.requests),
+    )
     summary["checks"] = [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks]
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_timeline(

@@ -29,12 +29,23 @@ from testbed.plan_cli import plan_inputs
 from testbed.planner import StagePlan, plan_deployment
 from testbed.policy import POLICIES, POLICY_DEPLOYMENT_KIND
 from testbed.scenario.link import LinkSetup
-from testbed.services.spec import InstanceInfo, ServiceSpec
+from testbed.scenario.nemesis import (
+    NemesisPlayer,
+    PlannedFault,
+    burst_requests,
+    instance_ids,
+    plan_faults,
+    stop_player,
+)
+from testbed.services.spec import InstanceInfo, SchedulerSpec, ServiceSpec
 from testbed.substrate.base import ServiceHandle, Substrate
 from testbed.workload.generate import RequestSpec, generate_requests
 
 __all__ = ["RunOptions", "RunResult", "prepare_run", "run_scenario"]
 
+THRESHOLD_POLICIES = ("prfaas-static", "prfaas", "prfaas-nocache")
+RE_PLANNING_POLICIES = ("prfaas", "prfaas-nocache")
+"""Policies whose threshold the router's short-term loop re-plans while the run goes on."""
 SAMPLE_INTERVAL_S = 0.25
 """Wall seconds between samples of queues and link throughput."""
 
@@ -77,6 +88,8 @@ class RunPlan:
     rate_rps: float | None
     duration_s: float
     requests: list[RequestSpec]
+    faults: list[PlannedFault] = field(default_factory=list)
+    """The nemesis timeline, targets resolved (testbed.scenario.nemesis)."""
 
 
 @dataclass
@@ -99,7 +112,11 @@ def make_substrate(name: str, log_dir: Path) -> Substrate:
         from testbed.substrate.local import LocalSubstrate
 
         return LocalSubstrate(log_dir)
-    raise UserError(f"substrate {name!r} is not available; use 'local'")
+    if name == "compose":
+        from testbed.substrate.compose import ComposeSubstrate
+
+        return ComposeSubstrate(log_dir)
+    raise UserError(f"substrate {name!r} is not available; use 'local' or 'compose'")
 
 
 def _pick_deployment(scenario: Scenario, policy: str) -> tuple[str, DeploymentConfig]:
@@ -136,7 +153,7 @@ def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
         n_decode = n_local - n_prefill
     else:
         n_prefill, n_decode = plan.n_prefill, plan.n_decode
-    if policy == "prfaas-static":
+    if policy in THRESHOLD_POLICIES:
         t = scenario.policy.threshold
         threshold = plan.threshold_tokens if t == "auto" else float(t)
     else:
@@ -156,11 +173,17 @@ def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
         seed=scenario.seed,
         trace_path=opts.trace,
     )
+    requests = burst_requests(scenario, requests, rate, duration)
     if not requests:
         raise UserError("the workload produced no requests; raise the rate or the duration")
-    return RunPlan(
+    n_prfaas = dep.prfaas.instances if dep.prfaas is not None else 0
+    ids = instance_ids(n_prfaas, n_prefill, n_decode)
+    faults = plan_faults(scenario, ids, link_enabled=dep.prfaas is not None)
+    rp = RunPlan(
         scenario, name, dep, policy, plan, threshold, n_prefill, n_decode, rate, duration, requests
     )
+    rp.faults = faults
+    return rp
 
 
 def _shift(rec: RequestRecord, offset: float) -> RequestRecord:
@@ -266,6 +289,16 @@ class _Run:
         router_spec.policy = self.rp.policy
         router_spec.threshold_tokens = self.rp.threshold_tokens
         router_spec.instances = instances
+        if self.rp.policy in RE_PLANNING_POLICIES:
+            sc = self.rp.scenario
+            router_spec.scheduler = SchedulerSpec(
+                deployment=dep.model_dump(mode="json"),
+                lengths=sc.workload.lengths.model_dump(mode="json"),
+                output_tokens=sc.workload.output_tokens,
+                tpot_slo_s=sc.slo.tpot,
+                threshold_step=sc.planner.threshold_step,
+                n_prefill=self.rp.n_prefill,
+            )
         self.router = (await self._start_all([router_spec]))[0]
 
     async def shutdown(self) -> None:
@@ -319,6 +352,7 @@ class _Run:
 
     async def _sample(self, session: aiohttp.ClientSession) -> None:
         assert self.router is not None
+        last_policy: tuple[object, object] = (self.rp.threshold_tokens, False)
         while True:
             t = self.real_now()
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
@@ -336,6 +370,20 @@ class _Run:
                                 "role": inst["role"],
                                 "depth": inst["outstanding"],
                                 "active": inst["outstanding"],
+                            },
+                        )
+                    )
+                policy = (stats.get("threshold_tokens"), stats.get("bandwidth_scarce"))
+                if policy != last_policy:
+                    last_policy = policy
+                    self.history.append(
+                        HistoryEvent(
+                            t,
+                            "policy",
+                            {
+                                "threshold_tokens": policy[0],
+                                "bandwidth_scarce": policy[1],
+                                "bandwidth_estimate_gbps": stats.get("bandwidth_estimate_gbps"),
                             },
                         )
                     )
@@ -357,6 +405,9 @@ class _Run:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             sampler = asyncio.create_task(self._sample(session))
+            nemesis = asyncio.create_task(
+                NemesisPlayer(self, self.rp.faults, self.history, self.load_start).run()
+            )
             tasks = [asyncio.create_task(self._one(session, r)) for r in reqs]
             pending = set(tasks)
             try:
@@ -380,6 +431,7 @@ class _Run:
                 sampler.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await sampler
+                await stop_player(nemesis)
                 await self._engine_stats(session)
             on_progress(len(self.records), len(self.submitted))
 

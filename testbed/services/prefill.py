@@ -20,6 +20,7 @@ from aiohttp import web
 from testbed.engine.emulated import PrefillEngine, wire_layer_bytes
 from testbed.profiles import MODELS
 from testbed.services.spec import RunClock, ServiceSpec
+from testbed.services.validate import int_field, json_body, json_errors, str_field
 from testbed.transfer.errors import TransferError
 from testbed.transfer.payload import PayloadSource
 from testbed.transfer.sender import KVSender
@@ -55,6 +56,12 @@ class PrefillState:
 
     async def sender(self, target: tuple[str, int]) -> KVSender:
         s = self.senders.get(target)
+        if s is not None and s.unreachable is not None:
+            # The receiver was down (a killed decode instance); it may be back (restarted on
+            # the same port), so connect afresh rather than fail fast on the old verdict.
+            del self.senders[target]
+            await s.aclose()
+            s = None
         if s is None:
             s = KVSender(target[0], target[1], connections=self.spec.connections, max_retries=2)
             self.senders[target] = s
@@ -125,15 +132,10 @@ def _bad(message: str) -> web.HTTPBadRequest:
 
 async def _prefill(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    try:
-        body = await request.json()
-        rid = str(body["id"])
-        tokens = int(body["uncached_tokens"])
-        target = (str(body["kv_host"]), int(body["kv_port"]))
-    except (ValueError, KeyError, TypeError):
-        raise _bad("need id, uncached_tokens, kv_host, kv_port") from None
-    if not 1 <= tokens <= 10_000_000:
-        raise _bad("uncached_tokens must be between 1 and 10,000,000")
+    body = await json_body(request)
+    rid = str_field(body, "id", 64)
+    tokens = int_field(body, "uncached_tokens", 1, 10_000_000)
+    target = (str_field(body, "kv_host", 255), int_field(body, "kv_port", 1, 65535))
     job = PrefillJob(rid, tokens, target, asyncio.get_running_loop().create_future(), 0.0)
     job.queued_at = state.clock.real()
     state.queued_tokens += tokens
@@ -160,6 +162,8 @@ async def _stats(request: web.Request) -> web.Response:
             "in_flight_bytes": sum(s.inflight_bytes for s in senders),
             "bytes_sent": sum(s.bytes_sent for s in senders),
             "stall_s": sum(s.stall_s for s in senders),
+            "bytes_acked": sum(s.bytes_acked for s in senders),
+            "queued_bytes": sum(s.queued_bytes for s in senders),
             "engine": state.engine.timing.stats(),
         }
     )
@@ -171,7 +175,7 @@ async def _health(_request: web.Request) -> web.Response:
 
 async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]]:
     state = PrefillState(spec)
-    app = web.Application(client_max_size=1 << 20)
+    app = web.Application(client_max_size=1 << 20, middlewares=[json_errors])
     app[STATE] = state
     app.router.add_post("/prefill", _prefill)
     app.router.add_get("/stats", _stats)

@@ -24,22 +24,32 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from pydantic import TypeAdapter
 
+from testbed.config import DeploymentConfig, LengthsConfig
 from testbed.engine.emulated import wire_layer_bytes
 from testbed.metrics.records import RequestRecord
+from testbed.planner import PlanInputs, StagePlan, plan_deployment
 from testbed.policy import make_policy
-from testbed.policy.base import InstanceLoad, RequestView, Snapshot
+from testbed.policy.base import InstanceLoad, RequestView, Route, Snapshot
 from testbed.profiles import MODELS
+from testbed.scheduler.bandwidth import LinkEstimator, LinkSample
+from testbed.scheduler.shortterm import ThresholdController
 from testbed.services.spec import InstanceInfo, RunClock, ServiceSpec
+from testbed.services.validate import json_errors
+from testbed.workload.build import length_distribution
 
 __all__ = ["create_app"]
 
 HEALTH = web.AppKey("health", asyncio.Task)
+SCHEDULER = web.AppKey("scheduler", asyncio.Task)
 MAX_INPUT_TOKENS = 10_000_000
 MAX_OUTPUT_TOKENS = 1_000_000
 MAX_ATTEMPTS = 3
 """Dispatch attempts per request before it fails with every attempt's reason."""
 HEALTH_INTERVAL_S = 0.5
+NO_ROUTE_WAIT_S = 10.0
+"""Wall seconds a request waits for an instance to come back when none can take it."""
 
 TokenSink = Callable[[int], Awaitable[None]]
 
@@ -51,12 +61,21 @@ class RequestError(Exception):
 class AttemptError(Exception):
     """One dispatch attempt failed; the router may retry elsewhere."""
 
-    def __init__(self, reason: str, *, dead: str | None = None, link_failed: bool = False):
+    def __init__(
+        self,
+        reason: str,
+        *,
+        dead: str | None = None,
+        link_failed: bool = False,
+        suspect: str | None = None,
+    ):
         super().__init__(reason)
         self.reason = reason
         self.dead = dead
         """An instance that did not answer: out of rotation until /health answers."""
         self.link_failed = link_failed
+        self.suspect = suspect
+        """An instance this request should avoid on its next attempt (not marked down)."""
         """The KV could not cross the link: retry with local prefill."""
 
 
@@ -69,6 +88,10 @@ class RouterState:
         self.instances = {i.id: i for i in spec.instances}
         self.outstanding = dict.fromkeys(self.instances, 0)
         self.healthy = dict.fromkeys(self.instances, True)
+        self.threshold = spec.threshold_tokens
+        self.scarce = False
+        self.bandwidth_estimate: float | None = None
+        """Real bytes/s of cross-datacenter bandwidth the short-term loop believes in."""
         self.work = dict.fromkeys(self.instances, 0.0)
         self.records: list[RequestRecord] = []
         self.in_flight = 0
@@ -87,7 +110,8 @@ class RouterState:
                 for i in self.instances.values()
                 if self.healthy[i.id] and i.id not in exclude and i.cluster not in exclude
             ),
-            threshold_tokens=self.spec.threshold_tokens,
+            threshold_tokens=self.threshold,
+            bandwidth_scarce=self.scarce,
         )
 
     def mark_down(self, instance: str) -> None:
@@ -107,6 +131,53 @@ class RouterState:
                         async with self.session.get(url) as resp:
                             if resp.status == 200:
                                 self.healthy[iid] = True
+
+    async def run_scheduler(self) -> None:
+        """The short-term loop: estimate the link from the PrfaaS senders, re-plan t."""
+        sch = self.spec.scheduler
+        assert sch is not None and self.session is not None
+        dep = DeploymentConfig.model_validate(sch.deployment)
+        lengths = length_distribution(TypeAdapter(LengthsConfig).validate_python(sch.lengths))
+        inputs = PlanInputs(lengths, sch.output_tokens, sch.tpot_slo_s, sch.threshold_step)
+
+        def plan(bandwidth: float) -> StagePlan:
+            return plan_deployment(
+                "prfaas-pd", dep, inputs, link_bytes_per_s=bandwidth, n_prefill=sch.n_prefill
+            )
+
+        estimator = LinkEstimator(dep.link.bandwidth)
+        ctl = await asyncio.to_thread(ThresholdController, plan, dep.link.bandwidth)
+        self.threshold, self.scarce = ctl.threshold, ctl.scarce
+        self.bandwidth_estimate = estimator.estimate
+        senders = [i for i in self.instances.values() if i.cluster == "prfaas"]
+        k, s = self.spec.time_scale, self.spec.byte_scale
+        while True:
+            await asyncio.sleep(sch.interval_s / k)
+            stats = await asyncio.gather(*(self._stats(i) for i in senders))
+            live = [x for x in stats if x is not None]
+            if not live:
+                continue
+            sample = LinkSample(
+                t=self.clock.real(),
+                bytes_acked=sum(x["bytes_acked"] for x in live) * s,
+                # bytes waiting for the sender's window are as much a queue as bytes in flight
+                inflight_bytes=sum(x["in_flight_bytes"] + x["queued_bytes"] for x in live) * s,
+            )
+            self.bandwidth_estimate = estimator.update(sample)
+            if not any(self.healthy[i.id] for i in senders):
+                continue
+            decision = await asyncio.to_thread(ctl.update, sample.t, self.bandwidth_estimate)
+            self.threshold, self.scarce = decision.threshold_tokens, decision.scarce
+
+    async def _stats(self, inst: InstanceInfo) -> dict[str, Any] | None:
+        assert self.session is not None
+        try:
+            async with asyncio.timeout(1.0):
+                async with self.session.get(f"{inst.url}/stats") as resp:
+                    doc: dict[str, Any] = await resp.json()
+                    return doc
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
 
     async def handle(
         self, rid: str, input_tokens: int, output_tokens: int, on_tokens: TokenSink
@@ -144,6 +215,8 @@ class RouterState:
             try:
                 await self._attempt(rec, attempt, frozenset(exclude), on_tokens)
                 return
+            except RequestError as exc:  # keep the reasons of the attempts that led here
+                raise RequestError("; then ".join([*reasons, str(exc)])) from None
             except AttemptError as exc:
                 reasons.append(exc.reason)
                 rec.retries = attempt + 1
@@ -152,16 +225,15 @@ class RouterState:
                     exclude.add(exc.dead)
                 if exc.link_failed:
                     exclude.add("prfaas")
+                if exc.suspect is not None:
+                    exclude.add(exc.suspect)
         raise RequestError("; then ".join(reasons))
 
     async def _attempt(
         self, rec: RequestRecord, attempt: int, exclude: frozenset[str], on_tokens: TokenSink
     ) -> None:
         view = RequestView(rec.id, rec.input_tokens, rec.output_tokens)
-        try:
-            route = self.policy.decide(view, self.snapshot(exclude))
-        except (LookupError, ValueError) as exc:
-            raise RequestError(f"no route: {exc}") from None
+        route = await self._route(view, exclude)
         prefill = self.instances[route.prefill_instance]
         decode = self.instances[route.decode_instance]
         rec.route = route.prefill_cluster
@@ -173,7 +245,8 @@ class RouterState:
             wire_layer_bytes(self.model, route.uncached_tokens, self.spec.byte_scale)
         )
         rec.kv_wire_bytes_sent = rec.kv_wire_bytes_received = 0
-        rec.kv_verified = False
+        if rec.tokens_out == 0:  # tokens already streamed came from an earlier attempt's KV
+            rec.kv_verified = False
         if rec.cross_dc:
             kv = (decode.kv_link_host, decode.kv_link_port)
         else:
@@ -185,9 +258,20 @@ class RouterState:
         self._charge(prefill.id, route.uncached_tokens, decode.id, rec.output_tokens, +1)
         try:
             decode_task = asyncio.create_task(self._decode(decode, rec, wire_id, on_tokens))
+            prefill_task = asyncio.create_task(
+                self._prefill(prefill, rec, wire_id, route.uncached_tokens, kv)
+            )
             try:
-                await self._prefill(prefill, rec, wire_id, route.uncached_tokens, kv)
+                # A decode instance that fails while the prefill runs fails the attempt at once
+                # (and goes out of rotation) instead of waiting for the KV send to give up.
+                await asyncio.wait({prefill_task, decode_task}, return_when=asyncio.FIRST_COMPLETED)
+                if decode_task.done() and not prefill_task.done() and decode_task.exception():
+                    await decode_task
+                await prefill_task
             except BaseException:
+                prefill_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await prefill_task
                 await self._cancel_decode(decode, wire_id)
                 decode_task.cancel()
                 with contextlib.suppress(BaseException):
@@ -198,6 +282,23 @@ class RouterState:
             await decode_task
         finally:
             self._charge(None, 0, decode.id, rec.output_tokens, -1)
+
+    async def _route(self, view: RequestView, exclude: frozenset[str]) -> Route:
+        """The policy's route; when no instance can take the request (all down or excluded),
+        wait up to NO_ROUTE_WAIT_S for one to come back (restarted workers rejoin through
+        /health), no longer avoiding instances that are healthy again."""
+        deadline = time.monotonic() + NO_ROUTE_WAIT_S
+        for _ in range(int(NO_ROUTE_WAIT_S / (HEALTH_INTERVAL_S / 2)) + 2):
+            try:
+                return self.policy.decide(view, self.snapshot(exclude))
+            except (LookupError, ValueError) as exc:
+                if time.monotonic() >= deadline:
+                    raise RequestError(f"no route: {exc}") from None
+            await asyncio.sleep(HEALTH_INTERVAL_S / 2)
+            exclude = frozenset(
+                x for x in exclude if x in ("prfaas", "local") or not self.healthy.get(x, True)
+            )
+        raise RequestError("no route: no instance came back in time")
 
     def _charge(
         self, prefill: str | None, tokens: float, decode: str | None, out: float, sign: int
@@ -230,6 +331,7 @@ class RouterState:
             raise AttemptError(
                 f"prefill on {inst.id}: {doc.get('error', resp.status)}",
                 link_failed=rec.cross_dc,
+                suspect=None if rec.cross_dc else rec.decode_instance,
             )
 
     async def _decode(
@@ -244,6 +346,7 @@ class RouterState:
         }
         already = rec.tokens_out
         generated = 0
+        verified = False  # this attempt's KV was verified before its first token ("admitted")
         try:
             async with self.session.post(f"{inst.url}/decode", json=body) as resp:
                 if resp.status != 200:
@@ -252,7 +355,12 @@ class RouterState:
                     if not line.strip():
                         continue
                     doc = json.loads(line)
-                    if "tokens" in doc and "done" not in doc:
+                    if doc.get("admitted"):
+                        verified = bool(doc.get("kv_verified"))
+                        rec.kv_verified = verified
+                    elif "tokens" in doc and "done" not in doc:
+                        if not verified:  # tokens from KV not known verified: taint the record
+                            rec.kv_verified = False
                         generated += int(doc["tokens"])
                         if generated > rec.tokens_out:
                             new = generated - rec.tokens_out
@@ -263,7 +371,7 @@ class RouterState:
                             rec.first_token = doc["first_token"]
                         rec.last_token = doc["last_token"]
                         rec.kv_wire_bytes_received = int(doc["kv_wire_bytes"])
-                        rec.kv_verified = bool(doc["kv_verified"])
+                        rec.kv_verified = bool(doc["kv_verified"]) and verified
                         if generated != doc["tokens"] or rec.tokens_out != rec.output_tokens:
                             raise RequestError(
                                 f"decode on {inst.id}: streamed {generated} tokens of "
@@ -297,7 +405,12 @@ def _bad(message: str) -> web.HTTPException:
 
 def _positive_int(body: dict[str, Any], key: str, limit: int, default: int | None = None) -> int:
     value = body.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value != int(value)
+    ):
         raise _bad(f"{key} must be an integer")
     if not 1 <= int(value) <= limit:
         raise _bad(f"{key} must be between 1 and {limit}")
@@ -319,7 +432,11 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     body = await _json_body(request)
     input_tokens = _positive_int(body, "input_tokens", MAX_INPUT_TOKENS)
     output_tokens = _positive_int(body, "output_tokens", MAX_OUTPUT_TOKENS)
-    rid = str(body.get("id") or state.next_id())
+    rid = state.next_id()
+    if body.get("id") is not None:  # a KV wire id is 1..64 bytes, with room for ".<attempt>"
+        if not isinstance(body["id"], str) or not 1 <= len(body["id"].encode()) <= 60:
+            raise _bad("id must be a string of 1 to 60 bytes")
+        rid = body["id"]
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await resp.prepare(request)
 
@@ -422,6 +539,10 @@ async def _stats(request: web.Request) -> web.Response:
             "in_flight": state.in_flight,
             "recorded": len(state.records),
             "threshold_tokens": snap.threshold_tokens,
+            "bandwidth_scarce": snap.bandwidth_scarce,
+            "bandwidth_estimate_gbps": (
+                None if state.bandwidth_estimate is None else state.bandwidth_estimate * 8 / 1e9
+            ),
             "instances": [
                 {
                     "id": i.id,
@@ -442,7 +563,7 @@ async def _health(_request: web.Request) -> web.Response:
 
 async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]]:
     state = RouterState(spec)
-    app = web.Application(client_max_size=1 << 20)
+    app = web.Application(client_max_size=1 << 20, middlewares=[json_errors])
     app[STATE] = state
     app.router.add_post("/generate", _generate)
     app.router.add_post("/v1/completions", _completions)
@@ -455,12 +576,18 @@ async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]
             connector=aiohttp.TCPConnector(limit=0),
             timeout=aiohttp.ClientTimeout(total=spec.request_timeout_s, sock_connect=5),
         )
-        app[HEALTH] = asyncio.get_running_loop().create_task(state.watch_health())
+        loop = asyncio.get_running_loop()
+        app[HEALTH] = loop.create_task(state.watch_health())
+        if spec.scheduler is not None:
+            app[SCHEDULER] = loop.create_task(state.run_scheduler())
 
     async def _shutdown(_app: web.Application) -> None:
-        app[HEALTH].cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await app[HEALTH]
+        for key in (HEALTH, SCHEDULER):
+            task = app.get(key)
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if state.session is not None:
             await state.session.close()
 

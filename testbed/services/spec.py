@@ -6,7 +6,7 @@ Passed as one JSON argument so the local and compose substrates start services t
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,6 +29,22 @@ class InstanceInfo(BaseModel):
     kv_link_port: int | None = None
 
 
+class SchedulerSpec(BaseModel):
+    """What the router's short-term loop needs to re-run the planner: the deployment, the
+    length distribution and the SLO, as plain JSON (quantities in SI units)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    deployment: dict[str, Any]
+    lengths: dict[str, Any]
+    output_tokens: float
+    tpot_slo_s: float
+    threshold_step: float
+    n_prefill: int
+    interval_s: float = 1.0
+    """Real-world seconds between samples of the PrfaaS senders."""
+
+
 class ServiceSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -48,11 +64,17 @@ class ServiceSpec(BaseModel):
     flush_interval_s: float = 0.05
     kv_timeout_s: float = 120.0
     """Wall seconds a decode instance waits for a request's KV before failing it."""
+    unsafe_skip_kv_verify: bool = False
+    """TEST-ONLY, never set by a scenario: decode admits requests without waiting for their KV
+    or its checksums, so the chaos tests can show the no_unverified_decode and kv_accounted
+    checkers catching a broken receiver (tests/chaos/test_broken_variants.py)."""
     # router only
     policy: str = "prfaas-static"
     threshold_tokens: float | None = None
     instances: list[InstanceInfo] = Field(default_factory=list)
     request_timeout_s: float = 600.0
+    scheduler: SchedulerSpec | None = None
+    """Inputs of the short-term loop (policies that re-plan at run time)."""
 
 
 class RunClock:

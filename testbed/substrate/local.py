@@ -50,7 +50,7 @@ async def start_service(
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"{spec.id}.log"
-        stderr = log_path.open("wb")
+        stderr = log_path.open("ab")  # append: a restarted service keeps its first life's log
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,

@@ -441,6 +441,11 @@ class KVSender:
     # ---------------------------------------------------------------------------- public API
 
     @property
+    def unreachable(self) -> str | None:
+        """Why the receiver is deemed unreachable (`open()` fails fast), or None."""
+        return self._unreachable
+
+    @property
     def address(self) -> tuple[str, int]:
         return self._host, self._port
 

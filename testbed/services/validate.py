@@ -1,0 +1,70 @@
+"""Request validation shared by the services: every bad request is a 4xx JSON error.
+
+`json_errors` is an aiohttp middleware that turns aiohttp's own HTTP errors (404, 405, 413 for
+an oversized body, ...) into JSON bodies `{"error": "..."}` as the handlers' own errors are.
+`int_field` / `str_field` read one field strictly (no bools, no fractions, no NaN/inf, no
+numeric strings) within bounds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+__all__ = ["BadRequest", "int_field", "json_body", "json_errors", "str_field"]
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class BadRequest(web.HTTPBadRequest):
+    def __init__(self, message: str) -> None:
+        super().__init__(text=json.dumps({"error": message}), content_type="application/json")
+
+
+async def json_body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object body, or a 400."""
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise BadRequest("body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise BadRequest("body must be a JSON object")
+    return body
+
+
+def int_field(body: dict[str, Any], key: str, lo: int, hi: int) -> int:
+    """An integer field in [lo, hi]: a JSON integer (or a float with an integral value)."""
+    if key not in body:
+        raise BadRequest(f"{key} is required")
+    v = body[key]
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise BadRequest(f"{key} must be an integer, got {json.dumps(v)[:40]}")
+    if isinstance(v, float) and (not math.isfinite(v) or v != int(v)):
+        raise BadRequest(f"{key} must be an integer, got {v!r}")
+    if not lo <= v <= hi:
+        raise BadRequest(f"{key} must be between {lo} and {hi}, got {int(v)}")
+    return int(v)
+
+
+def str_field(body: dict[str, Any], key: str, max_len: int) -> str:
+    """A non-empty string field of at most `max_len` UTF-8 bytes."""
+    v = body.get(key)
+    if not isinstance(v, str) or not v:
+        raise BadRequest(f"{key} must be a non-empty string")
+    if len(v.encode("utf-8")) > max_len:
+        raise BadRequest(f"{key} must be at most {max_len} bytes")
+    return v
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400 or exc.content_type == "application/json":
+            raise
+        return web.json_response({"error": exc.reason}, status=exc.status)
