@@ -16,6 +16,8 @@ help:
 	@echo "make scenarios           list the scenario library"
 	@echo "make plan NAME=paper     print the planner's table for scenarios/NAME.yaml"
 	@echo "make test                run the test suite (what CI runs)"
+	@echo "make images              build the compose substrate's images (cached)"
+	@echo "make down                remove every container/network/volume compose runs made"
 	@echo "make chaos               short versions of every scenario with faults (pytest -m chaos)"
 	@echo "make lint                ruff + mypy"
 	@echo "make bench               run the bench/ scripts and print their figures"
@@ -27,12 +29,12 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,compose]'
 	@touch $(STAMP)
 
 # The tiny real-model tests need torch (the optional `model` extra); only the tests install it.
 $(MODEL_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[dev,model]'
+	$(BIN)/python -m pip install -q -e '.[dev,compose,model]'
 	@touch $(MODEL_STAMP)
 
 test: $(MODEL_STAMP)
@@ -68,14 +70,8 @@ clean:
 # The compose substrate (docs/compose.md): images built from Debian packages and PyPI wheels
 # (cached: a second run takes seconds), and removal of every container/network/volume it made.
 .PHONY: images down
-COMPOSE_STAMP := $(VENV)/.compose-installed
-
-$(COMPOSE_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[dev,compose]'
-	@touch $(COMPOSE_STAMP)
-
-images: $(COMPOSE_STAMP)
+images: $(STAMP)
 	$(BIN)/python -m testbed.substrate.compose images
 
-down: $(COMPOSE_STAMP)
+down: $(STAMP)
 	$(BIN)/python -m testbed.substrate.compose down

@@ -369,7 +369,6 @@ class _Run:
                                 "cluster": inst["cluster"],
                                 "role": inst["role"],
                                 "depth": inst["outstanding"],
-                                "active": inst["outstanding"],
                             },
                         )
                     )
