@@ -17,6 +17,7 @@ import contextlib
 import re
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from testbed.config import LinkConfig, ScaleConfig
 from testbed.errors import UserError
 from testbed.link.client import LinkClient
 
-__all__ = ["LINK_GROUP", "LinkSetup", "start_link"]
+__all__ = ["LINK_GROUP", "LinkSetup", "add_link_proxies", "start_link"]
 
 LINK_GROUP = "xdc"
 """The link_bandwidth group every cross-datacenter proxy of a run shares."""
@@ -143,6 +144,44 @@ async def _spawn_emulator(
     raise UserError("the link emulator did not start; see link.log in the results")
 
 
+async def add_link_proxies(
+    setup: LinkSetup,
+    link: LinkConfig,
+    upstreams: dict[str, tuple[str, int]],
+    listen_for: Callable[[str], str],
+) -> None:
+    """One proxy per decode instance, shaped as one link: a `link_bandwidth` cap shared by the
+    group and RTT/2 (+ jitter) of latency each way, in emulated units. Fills `setup.routes`."""
+    assert setup.client is not None
+    scale = setup.scale
+    one_way_ms = link.rtt / 2 / scale.time_scale * 1e3
+    jitter_ms = link.jitter / scale.time_scale * 1e3
+    for decode_id, (host, port) in upstreams.items():
+        name = f"xdc-{decode_id}"
+        info = await setup.client.create_proxy(
+            name, upstream=f"{host}:{port}", listen=listen_for(decode_id)
+        )
+        setup.proxies.append(name)
+        await setup.client.add_toxic(
+            name,
+            "link_bandwidth",
+            name=LINK_TOXIC,
+            stream="upstream",
+            attributes={"rate": setup.to_wire(link.bandwidth) / 1000.0, "group": LINK_GROUP},
+        )
+        if one_way_ms > 0 or jitter_ms > 0:
+            for stream in ("upstream", "downstream"):
+                await setup.client.add_toxic(
+                    name,
+                    "latency",
+                    name=f"rtt-{stream}",
+                    stream=stream,
+                    attributes={"latency": one_way_ms, "jitter": jitter_ms},
+                )
+        lhost, lport = info["listen"].rsplit(":", 1)
+        setup.routes[decode_id] = (lhost, int(lport))
+
+
 async def start_link(
     link: LinkConfig,
     scale: ScaleConfig,
@@ -163,33 +202,8 @@ async def start_link(
         proc, url = await _spawn_emulator(seed, log_dir)
     setup.proc = proc
     setup.client = LinkClient(url)
-    one_way_ms = link.rtt / 2 / scale.time_scale * 1e3
-    jitter_ms = link.jitter / scale.time_scale * 1e3
     try:
-        for decode_id, (host, port) in upstreams.items():
-            name = f"xdc-{decode_id}"
-            info = await setup.client.create_proxy(
-                name, upstream=f"{host}:{port}", listen="127.0.0.1:0"
-            )
-            setup.proxies.append(name)
-            await setup.client.add_toxic(
-                name,
-                "link_bandwidth",
-                name=LINK_TOXIC,
-                stream="upstream",
-                attributes={"rate": setup.to_wire(link.bandwidth) / 1000.0, "group": LINK_GROUP},
-            )
-            if one_way_ms > 0 or jitter_ms > 0:
-                for stream in ("upstream", "downstream"):
-                    await setup.client.add_toxic(
-                        name,
-                        "latency",
-                        name=f"rtt-{stream}",
-                        stream=stream,
-                        attributes={"latency": one_way_ms, "jitter": jitter_ms},
-                    )
-            lhost, lport = info["listen"].rsplit(":", 1)
-            setup.routes[decode_id] = (lhost, int(lport))
+        await add_link_proxies(setup, link, upstreams, lambda _decode_id: "127.0.0.1:0")
     except BaseException:
         await setup.aclose()
         raise

@@ -57,7 +57,7 @@ import yaml
 from testbed.config import LinkConfig, ScaleConfig
 from testbed.errors import UserError
 from testbed.link.client import LinkClient
-from testbed.scenario.link import LINK_GROUP, LINK_TOXIC, LinkSetup
+from testbed.scenario.link import LinkSetup, add_link_proxies
 from testbed.services.spec import InstanceInfo, ServiceSpec
 from testbed.substrate.base import ServiceHandle
 
@@ -736,34 +736,13 @@ class ComposeSubstrate:
         self._env["TESTBED_SEED"] = str(seed)
         (self.out_dir / ".env").write_text("".join(f"{k}={v}\n" for k, v in self._env.items()))
         setup.client = LinkClient(self.link_api.url)
-        one_way_ms = link.rtt / 2 / scale.time_scale * 1e3
-        jitter_ms = link.jitter / scale.time_scale * 1e3
         listen_ip = self.link_ips["prfaas"]
-        for decode_id, (host, port) in upstreams.items():
-            name = f"xdc-{decode_id}"
-            lport = KV_PROXY_PORT0 + len(self._kv_proxies)
-            await setup.client.create_proxy(
-                name, upstream=f"{host}:{port}", listen=f"{listen_ip}:{lport}"
-            )
-            self._kv_proxies[decode_id] = lport
-            setup.proxies.append(name)
-            await setup.client.add_toxic(
-                name,
-                "link_bandwidth",
-                name=LINK_TOXIC,
-                stream="upstream",
-                attributes={"rate": setup.to_wire(link.bandwidth) / 1000.0, "group": LINK_GROUP},
-            )
-            if one_way_ms > 0 or jitter_ms > 0:
-                for stream in ("upstream", "downstream"):
-                    await setup.client.add_toxic(
-                        name,
-                        "latency",
-                        name=f"rtt-{stream}",
-                        stream=stream,
-                        attributes={"latency": one_way_ms, "jitter": jitter_ms},
-                    )
-            setup.routes[decode_id] = (listen_ip, lport)
+
+        def listen_for(decode_id: str) -> str:
+            self._kv_proxies[decode_id] = KV_PROXY_PORT0 + len(self._kv_proxies)
+            return f"{listen_ip}:{self._kv_proxies[decode_id]}"
+
+        await add_link_proxies(setup, link, upstreams, listen_for)
         return setup
 
     # ------------------------------------------------------------------ faults
