@@ -76,7 +76,6 @@ def run_case(deployment: str, policy: str, load: float, args: argparse.Namespace
         "goodput": result.summary["goodput_rps"],
         "ttft_p90": result.summary["ttft_s"]["p90"],
         "failed": result.summary["requests"]["failed"],
-        "timing_error": result.summary["engine"].get("max_timing_error"),
         "checks_ok": result.ok,
     }
 

@@ -19,7 +19,7 @@ from aiohttp import web
 from testbed.engine.emulated import DecodeBatcher, DecodeSlot
 from testbed.profiles import MODELS
 from testbed.services.spec import RunClock, ServiceSpec
-from testbed.services.validate import int_field, json_body, json_errors, str_field
+from testbed.services.validate import health, int_field, json_body, json_errors, str_field
 from testbed.transfer.errors import TransferError
 from testbed.transfer.reassembly import KVManifest
 from testbed.transfer.receiver import KVReceiver
@@ -148,10 +148,6 @@ async def _stats(request: web.Request) -> web.Response:
     )
 
 
-async def _health(_request: web.Request) -> web.Response:
-    return web.json_response({"ok": True})
-
-
 async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]]:
     state = DecodeState(spec)
     await state.receiver.start()
@@ -161,7 +157,7 @@ async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]
     app.router.add_post("/decode", _decode)
     app.router.add_delete("/decode/{rid}", _cancel)
     app.router.add_get("/stats", _stats)
-    app.router.add_get("/health", _health)
+    app.router.add_get("/health", health)
     batch_task = asyncio.get_running_loop().create_task(state.batcher.run())
 
     async def _shutdown(_app: web.Application) -> None:

@@ -20,7 +20,7 @@ from aiohttp import web
 from testbed.engine.emulated import PrefillEngine, wire_layer_bytes
 from testbed.profiles import MODELS
 from testbed.services.spec import RunClock, ServiceSpec
-from testbed.services.validate import int_field, json_body, json_errors, str_field
+from testbed.services.validate import health, int_field, json_body, json_errors, str_field
 from testbed.transfer.errors import TransferError
 from testbed.transfer.payload import PayloadSource
 from testbed.transfer.sender import KVSender
@@ -169,17 +169,13 @@ async def _stats(request: web.Request) -> web.Response:
     )
 
 
-async def _health(_request: web.Request) -> web.Response:
-    return web.json_response({"ok": True})
-
-
 async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]]:
     state = PrefillState(spec)
     app = web.Application(client_max_size=1 << 20, middlewares=[json_errors])
     app[STATE] = state
     app.router.add_post("/prefill", _prefill)
     app.router.add_get("/stats", _stats)
-    app.router.add_get("/health", _health)
+    app.router.add_get("/health", health)
     worker = asyncio.get_running_loop().create_task(state.worker())
 
     async def _shutdown(_app: web.Application) -> None:

@@ -36,7 +36,7 @@ from testbed.profiles import MODELS
 from testbed.scheduler.bandwidth import LinkEstimator, LinkSample
 from testbed.scheduler.shortterm import ThresholdController
 from testbed.services.spec import InstanceInfo, RunClock, ServiceSpec
-from testbed.services.validate import json_errors
+from testbed.services.validate import health, json_errors
 from testbed.workload.build import length_distribution
 
 __all__ = ["create_app"]
@@ -557,10 +557,6 @@ async def _stats(request: web.Request) -> web.Response:
     )
 
 
-async def _health(_request: web.Request) -> web.Response:
-    return web.json_response({"ok": True})
-
-
 async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]]:
     state = RouterState(spec)
     app = web.Application(client_max_size=1 << 20, middlewares=[json_errors])
@@ -569,7 +565,7 @@ async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]
     app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/history", _history)
     app.router.add_get("/stats", _stats)
-    app.router.add_get("/health", _health)
+    app.router.add_get("/health", health)
 
     async def _startup(_app: web.Application) -> None:
         state.session = aiohttp.ClientSession(

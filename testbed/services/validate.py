@@ -68,3 +68,8 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         if exc.status < 400 or exc.content_type == "application/json":
             raise
         return web.json_response({"error": exc.reason}, status=exc.status)
+
+
+async def health(_request: web.Request) -> web.Response:
+    """`GET /health`: the process is up and serving (the router's health watcher polls it)."""
+    return web.json_response({"ok": True})

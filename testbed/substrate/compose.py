@@ -110,21 +110,14 @@ def _log(msg: str) -> None:
 
 
 def docker_client() -> Any:
-    """A Docker SDK client; installs the `docker` package into this virtualenv if missing."""
+    """A Docker SDK client (the `compose` extra, which `make install` installs)."""
     try:
         docker = importlib.import_module("docker")
     except ImportError:
-        if sys.prefix == sys.base_prefix:
-            raise UserError(
-                "the compose substrate needs the docker package: "
-                "pip install 'prfaas-testbed[compose]'"
-            ) from None
-        _log("installing the docker package (the `compose` extra) into the virtualenv")
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "docker>=7"], check=True, timeout=300
-        )
-        importlib.invalidate_caches()
-        docker = importlib.import_module("docker")
+        raise UserError(
+            "the compose substrate needs the docker package: "
+            "pip install 'prfaas-testbed[compose]' (make install does this)"
+        ) from None
     try:
         client = docker.from_env(timeout=120)
         client.ping()
