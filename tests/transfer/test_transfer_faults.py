@@ -87,6 +87,12 @@ async def test_reset_mid_transfer_with_retries_completes_exactly_once(
             backoff=0.01,
         ) as sender:
             await _send(sender, "survivor", sizes)
+            # With several connections the request can finish on the others before the lost
+            # slot has reconnected (it backs off first); wait for it, bounded.
+            for _ in range(100):
+                if sender.stats().reconnects >= 1:
+                    break
+                await asyncio.sleep(0.05)
             stats = sender.stats()
         manifest = await rx.wait("survivor", timeout=5)
     assert proxy.resets_done == 1
