@@ -13,6 +13,7 @@ ARGS   ?=
 help:
 	@echo "make install             create .venv from pyproject.toml (idempotent)"
 	@echo "make scenario NAME=burst run scenarios/NAME.yaml into results/NAME/"
+	@echo "                         (NAME=real-model installs the model extra, torch, first)"
 	@echo "make scenarios           list the scenario library"
 	@echo "make plan NAME=paper     print the planner's table for scenarios/NAME.yaml"
 	@echo "make test                run the test suite (what CI runs)"
@@ -44,7 +45,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not chaos and not compose"
 
 chaos: $(STAMP)
-	$(BIN)/python -m pytest -q -m chaos
+	$(BIN)/python -m pytest -q -m "chaos and not model"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -54,7 +55,10 @@ lint: $(STAMP)
 bench: $(STAMP)
 	@for f in bench/*.py; do echo "== $$f"; $(BIN)/python $$f || exit $$?; done
 
-scenario: $(STAMP)
+# Scenarios on the tiny real model (`engine: torch`) need torch: install the model extra for them
+# only, so `make install` stays light for every other scenario.
+TORCH_SCENARIOS := real-model
+scenario: $(if $(filter $(TORCH_SCENARIOS),$(NAME)),$(MODEL_STAMP),$(STAMP))
 	$(BIN)/testbed run scenarios/$(NAME).yaml --substrate $(SUBSTRATE) --out results/$(NAME) $(ARGS)
 
 scenarios: $(STAMP)

@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from testbed.engine.torch.config import TinyConfig
 from testbed.errors import ConfigError
 from testbed.profiles import HARDWARE, MODELS
 from testbed.units import parse_bandwidth, parse_duration, parse_size, parse_tokens
@@ -111,6 +112,11 @@ class ClusterConfig(_Model):
     instances: int = Field(ge=1, le=1000)
     prefill: int | None = Field(None, ge=0)
     decode: int | None = Field(None, ge=0)
+    prefix_cache: Size | None = Field(
+        None,
+        description="bytes of prefix cache the cluster's pool holds (real-world, e.g. '4TiB'); "
+        "default: half the host memory of each instance (testbed.kvcache.manager)",
+    )
 
     @model_validator(mode="after")
     def _split_fits(self) -> ClusterConfig:
@@ -130,6 +136,14 @@ class ClusterConfig(_Model):
         return self
 
 
+class TinyModelConfig(_Model):
+    """The tiny real model of `engine: torch` (testbed.engine.torch): the seed fixes every
+    weight, so every prefill and decode process of a run builds the same model."""
+
+    seed: int = Field(0, ge=0)
+    dtype: Literal["float32", "float64"] = "float32"
+
+
 class DeploymentConfig(_Model):
     """Clusters and the link between them.
 
@@ -144,6 +158,10 @@ class DeploymentConfig(_Model):
     prfaas: ClusterConfig | None = None
     local: ClusterConfig
     link: LinkConfig = Field(default_factory=LinkConfig)
+    engine: Literal["emulated", "torch"] = "emulated"
+    """emulated: cost-model timed, scaled bytes; torch: the tiny real model (docs/model.md),
+    whose steps are padded to `model`'s profile and whose real KV tensors cross the link."""
+    tiny_model: TinyModelConfig = Field(default_factory=lambda: TinyModelConfig())
 
     @model_validator(mode="after")
     def _clusters_match_kind(self) -> DeploymentConfig:
@@ -221,12 +239,36 @@ class ArrivalsConfig(_Model):
         return self
 
 
+class ShiftConfig(_Model):
+    """A lasting change of traffic at `at`: from then on prompt lengths follow `lengths` and
+    arrivals come at `rate`, or at `load` x the planner's lambda_max for the new lengths (the
+    deployment's new optimum, PD split free)."""
+
+    at: PositiveDuration
+    lengths: LengthsConfig
+    rate: float | None = Field(None, gt=0)
+    load: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_rate(self) -> ShiftConfig:
+        if (self.rate is None) == (self.load is None):
+            raise ValueError("give exactly one of 'rate' (requests/s) or 'load' (of lambda_max)")
+        return self
+
+
 class WorkloadConfig(_Model):
     lengths: LengthsConfig = Field(default_factory=LognormalLengths)
     output_tokens: Tokens = 1024.0
     arrivals: ArrivalsConfig = Field(default_factory=lambda: ArrivalsConfig(load=0.8))
     trace: str | None = Field(None, description="Mooncake JSONL trace to replay (with hash_ids)")
     max_requests: int | None = Field(None, ge=1)
+    shift: ShiftConfig | None = None
+
+    @model_validator(mode="after")
+    def _shift_needs_generated(self) -> WorkloadConfig:
+        if self.shift is not None and (self.trace is not None or self.arrivals.process == "trace"):
+            raise ValueError("shift works on generated workloads, not on trace replay")
+        return self
 
 
 class SloConfig(_Model):
@@ -240,9 +282,45 @@ class SloConfig(_Model):
         return 1.0 / self.decode_tokens_per_s
 
 
+class ShortTermConfig(_Model):
+    """The short-term loop's knobs (scheduler.shortterm; defaults justified in
+    docs/scheduler.md)."""
+
+    interval: PositiveDuration = 1.0
+    replan_change: float = Field(0.2, gt=0, description="bandwidth move that triggers a re-plan")
+    min_t_change: float = Field(0.05, ge=0, description="smallest t change adopted")
+    cooldown: Duration = 2.0
+    scarce_utilisation: float = Field(0.7, gt=0, le=1)
+    queue_balance: bool = True
+    """Correct t from the routes' expected waits (scheduler.balance)."""
+    balance_margin: PositiveDuration = 2.0
+    balance_step: float = Field(1.1, gt=1)
+    max_bias: float = Field(4.0, ge=1)
+
+
+class LongTermConfig(_Model):
+    """The long-term loop's knobs (scheduler.longterm; defaults justified in
+    docs/scheduler.md)."""
+
+    interval: PositiveDuration = 10.0
+    window: PositiveDuration = 30.0
+    """Observed input lengths of the requests that arrived in the last `window` feed the
+    planner."""
+    min_samples: int = Field(30, ge=1)
+    min_gain: float = Field(0.1, ge=0)
+    sustain: int = Field(6, ge=1)
+    """Consecutive checks (x interval = 60 s) a move must be wanted before it is made."""
+    pressure: float = Field(0.8, ge=0)
+    role_switch: Duration = 5.0
+    """Real-world time a PD instance needs to restart in the other role once drained."""
+    drain_timeout: PositiveDuration = 300.0
+
+
 class PolicyConfig(_Model):
     name: str = "prfaas-static"
     threshold: Tokens | Literal["auto"] = "auto"
+    short_term: ShortTermConfig = Field(default_factory=lambda: ShortTermConfig())
+    long_term: LongTermConfig = Field(default_factory=lambda: LongTermConfig())
 
 
 class PlannerConfig(_Model):
@@ -342,19 +420,27 @@ class NemesisEvent(_Model):
         return None if self.for_ is None else self.at + self.for_
 
 
-CheckName = Literal["ttft", "tpot", "e2e", "reroute", "recover", "failures"]
+CheckName = Literal[
+    "ttft", "tpot", "e2e", "reroute", "recover", "failures", "token_exact", "throughput"
+]
 
 
 class CheckerConfig(_Model):
     """A checker beyond the three built-in invariants (which always run).
 
     - ttft / tpot / e2e: percentile `p` of completed requests is at most `max` (only requests
-      arriving while a `during` fault is in force, if given).
+      arriving while a `during` fault is in force, if given), or at most `max_ratio` x the same
+      percentile before the fault.
     - failures: at most `max_fraction` of submitted requests failed (with a reason).
     - reroute: after each `fault` (a nemesis action) starts, a request that avoids the faulty
       target starts prefill within `within`.
     - recover: after each `fault` ends, TTFT is back under `ttft` (for `streak` consecutive
       requests by arrival) within `within`.
+    - throughput: requests completed per second (by last token) in [`after`, `until`] is at
+      least `min_fraction` of the planner's lambda_max for the workload in force at `after`
+      (after a `workload.shift`: the new optimum, PD split free).
+    - token_exact (`engine: torch` only): every completed request's token ids equal a
+      single-process generation of the same prompt (recomputed after the run).
     """
 
     check: CheckName
@@ -366,18 +452,33 @@ class CheckerConfig(_Model):
     ttft: PositiveDuration | None = None
     streak: int = Field(3, ge=1, le=1000)
     during: NemesisActionName | None = None
+    after: Duration | None = None
+    until: PositiveDuration | None = None
+    min_fraction: float | None = Field(None, gt=0)
+    max_ratio: float | None = Field(None, gt=0)
+    """ttft/tpot/e2e with `during`: the bound is max_ratio x the same percentile over the
+    requests that arrived in an equally long window just before the first such fault."""
 
     @model_validator(mode="after")
     def _fields_fit_check(self) -> CheckerConfig:
         if self.during is not None and self.check not in ("ttft", "tpot", "e2e"):
             raise ValueError("'during' applies to the ttft, tpot and e2e checks only")
+        if self.check in ("ttft", "tpot", "e2e"):
+            if (self.max is None) == (self.max_ratio is None):
+                raise ValueError(f"check {self.check!r} needs exactly one of 'max', 'max_ratio'")
+            if self.max_ratio is not None and self.during is None:
+                raise ValueError("'max_ratio' compares with the time before a fault: set 'during'")
+        elif self.max_ratio is not None:
+            raise ValueError("'max_ratio' applies to the ttft, tpot and e2e checks only")
         need = {
-            "ttft": ("max",),
-            "tpot": ("max",),
-            "e2e": ("max",),
+            "ttft": (),
+            "tpot": (),
+            "e2e": (),
             "failures": ("max_fraction",),
             "reroute": ("fault", "within"),
             "recover": ("fault", "within", "ttft"),
+            "token_exact": (),
+            "throughput": ("after", "until", "min_fraction"),
         }[self.check]
         for name in need:
             if getattr(self, name) is None:
@@ -410,6 +511,41 @@ class Scenario(_Model):
             )
         return self
 
+    @model_validator(mode="after")
+    def _torch_engine_fits(self) -> Scenario:
+        """engine: torch moves the tiny model's real tensors: there is nothing to scale, and
+        every prompt plus its output must fit the model's context. The message starts with the
+        field to fix (this check spans fields, so pydantic has no single location for it)."""
+        torch_deps = [n for n, d in self.deployments.items() if d.engine == "torch"]
+        for i, c in enumerate(self.checkers):
+            if c.check == "token_exact" and not torch_deps:
+                raise ValueError(
+                    f"checkers.{i}.check: token_exact needs a deployment with engine: torch"
+                )
+        if not torch_deps:
+            return self
+        why = f"deployments.{torch_deps[0]}.engine is torch"
+        if self.scale.byte_scale != 1:
+            raise ValueError(
+                f"scale.byte_scale: must be 1 when {why} (the bytes on the wire are the model's "
+                f"real tensors, never scaled), got {self.scale.byte_scale:g}"
+            )
+        lengths = self.workload.lengths
+        if isinstance(lengths, LognormalLengths):
+            name, longest = "workload.lengths.max", lengths.max
+        elif isinstance(lengths, FixedLengths):
+            name, longest = "workload.lengths.tokens", lengths.tokens
+        else:  # a trace's lengths are checked when its requests are read (prepare_run)
+            return self
+        ctx = TinyConfig().max_positions
+        out = self.workload.output_tokens
+        if longest + out > ctx:
+            raise ValueError(
+                f"{name}: {longest:g} prompt tokens + workload.output_tokens {out:g} exceed the "
+                f"tiny model's context of {ctx} positions ({why})"
+            )
+        return self
+
 
 def _format_validation_error(path: Path, exc: ValidationError) -> str:
     err = exc.errors()[0]
@@ -420,7 +556,9 @@ def _format_validation_error(path: Path, exc: ValidationError) -> str:
     elif err["type"] == "missing":
         msg = "missing field"
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{path}: {loc or '<top>'}: {msg}{more}"
+    if not loc:  # a check across fields: its message starts with the field to fix
+        return f"{path}: {msg}{more}"
+    return f"{path}: {loc}: {msg}{more}"
 
 
 def _is_union_tag(part: object) -> bool:

@@ -122,3 +122,41 @@ def test_run_checkers_reports_each_failure() -> None:
     bad = [done(1), replace(done(2), kv_verified=False), failed(3, None)]
     results = {r.name: r.ok for r in run_checkers(bad, IDS)}
     assert results == {"nothing_lost": False, "kv_accounted": False, "no_unverified_decode": False}
+
+
+def _timed(i: int, arrival: float, ttft: float, last: float | None = None) -> RequestRecord:
+    return replace(done(i), arrival=arrival, first_token=arrival + ttft, last_token=last)
+
+
+def test_ttft_ratio_compares_with_the_window_before_the_fault() -> None:
+    from testbed.config import CheckerConfig
+    from testbed.metrics.records import HistoryEvent
+    from testbed.scenario.checkers import run_checker
+
+    history = [
+        HistoryEvent(60.0, "fault", {"action": "bandwidth", "phase": "start", "index": 0}),
+        HistoryEvent(120.0, "fault", {"action": "bandwidth", "phase": "end", "index": 0}),
+    ]
+    before = [_timed(i, float(i), 2.0) for i in range(0, 60)]  # p90 2 s before the drop
+    cfg = CheckerConfig(check="ttft", p=90, during="bandwidth", max_ratio=2)
+    ok = [_timed(100 + i, 60.0 + i, 3.9) for i in range(60)]
+    bad = [_timed(100 + i, 60.0 + i, 4.1) for i in range(60)]
+    assert run_checker(cfg, before + ok, history, 120).ok
+    res = run_checker(cfg, before + bad, history, 120)
+    assert not res.ok and "2 x p90 2s before the bandwidth" in res.detail
+
+
+def test_throughput_uses_the_optimum_after_the_shift() -> None:
+    from testbed.config import CheckerConfig
+    from testbed.metrics.records import HistoryEvent
+    from testbed.scenario.checkers import run_checker
+
+    plan = HistoryEvent(
+        0.0, "plan", {"lambda_max_rps": 4.0, "shift_at": 100.0, "shift_lambda_max_rps": 2.0}
+    )
+    cfg = CheckerConfig(check="throughput", after=200, until=300, min_fraction=0.9)
+    recs = [_timed(i, 150.0, 1.0, last=200.0 + i * 100 / n) for n in [185] for i in range(n)]
+    assert run_checker(cfg, recs, [plan], len(recs)).ok  # 1.85 req/s >= 0.9 x 2.0
+    res = run_checker(cfg, recs[:170], [plan], 170)  # 1.70 req/s
+    assert not res.ok and "vs planner 2.00 req/s" in res.detail
+    assert not run_checker(cfg, recs, [], len(recs)).ok  # no optimum recorded: cannot pass

@@ -162,7 +162,11 @@ def test_bad_faults_name_file_and_field(
 @pytest.mark.parametrize(
     ("checker", "expect"),
     [
-        ({"check": "ttft"}, "checkers.0: check 'ttft' needs field 'max'"),
+        ({"check": "ttft"}, "checkers.0: check 'ttft' needs exactly one of 'max', 'max_ratio'"),
+        (
+            {"check": "ttft", "max_ratio": 2},
+            "checkers.0: 'max_ratio' compares with the time before a fault: set 'during'",
+        ),
         ({"check": "reroute", "fault": "partition"}, "needs field 'within'"),
         ({"check": "recover", "fault": "kill", "within": "1s"}, "needs field 'ttft'"),
         ({"check": "ttft", "max": "10 parsecs"}, "checkers.0.max"),

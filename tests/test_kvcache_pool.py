@@ -63,3 +63,10 @@ def test_chain_keys_cover_the_whole_prefix() -> None:
 def test_bad_sizes() -> None:
     with pytest.raises(ValueError):
         HybridPrefixPool(-1, block_bytes=1, state_bytes=1)
+
+
+def test_blocks_without_state_are_what_a_decode_side_holds() -> None:
+    pool = hybrid()
+    pool.insert([1, 2, 3, 4], 4 * BLOCK_TOKENS)  # state only at 4 blocks
+    assert pool.match_blocks([1, 2, 3, 9]) == 0  # no state at 3 blocks: not reusable by prefill
+    assert pool.match_blocks([1, 2, 3, 9], with_state=False) == 3  # but the KV blocks are there

@@ -58,3 +58,13 @@ def test_verify_model_without_torch_is_a_clear_user_error() -> None:
     assert out.returncode == 2, out.stderr
     assert "verify-model needs torch" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_torch_scenario_without_torch_fails_with_one_clear_line(tmp_path: Path) -> None:
+    argv = ["run", "scenarios/real-model.yaml", "--quiet", "--out", str(tmp_path)]
+    code = _PRELUDE + f"from testbed.cli import main\nsys.exit(main({argv!r}))"
+    out = _python(code)
+    assert out.returncode == 2, out.stderr
+    assert "pip install 'prfaas-testbed[model]'" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "logs").exists()  # refused before any process started

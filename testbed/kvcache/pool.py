@@ -89,21 +89,31 @@ class HybridPrefixPool:
     # ------------------------------------------------------------------ lookup
 
     def match_blocks(
-        self, hash_ids: Sequence[int], *, limit: int | None = None, touch: bool = True
+        self,
+        hash_ids: Sequence[int],
+        *,
+        limit: int | None = None,
+        touch: bool = True,
+        with_state: bool = True,
     ) -> int:
         """How many leading blocks (at most `limit`) are reusable: all present and, for a
-        model with linear-attention layers, the state at exactly that many blocks too."""
+        model with linear-attention layers, the state at exactly that many blocks too.
+
+        `with_state=False` asks only for the full-attention blocks: what a decode instance
+        already holds of a prompt whose final state arrives with its KV anyway.
+        """
         keys = chain_keys(hash_ids if limit is None else hash_ids[: max(limit, 0)])
         n = 0
         while n < len(keys) and keys[n] in self._blocks:
             n += 1
-        if self.needs_state:
+        need_state = self.needs_state and with_state
+        if need_state:
             while n > 0 and keys[n - 1] not in self._states:
                 n -= 1
         if touch and n:
             for key in keys[:n]:
                 self._blocks.move_to_end(key)
-            if self.needs_state:
+            if need_state:
                 self._states.move_to_end(keys[n - 1])
         return n
 

@@ -33,6 +33,19 @@ class RequestRecord:
     prefill_instance: str | None = None
     decode_instance: str | None = None
     cached_tokens: int = 0
+    """Prefix the prefill reused from its cluster's pool (including a pulled prefix)."""
+    cached_local: int = 0
+    """Cached prefix the global KVCache manager found in the local PD cluster (tokens)."""
+    cached_prfaas: int = 0
+    """Cached prefix the global KVCache manager found in the PrfaaS cluster (tokens)."""
+    pull_tokens: int = 0
+    """Prefix tokens the route asked to move across the link before prefill (0: no pull)."""
+    pull_status: str | None = None
+    """"ok", "failed: <reason>" or "skipped: <reason>" when a pull was asked for."""
+    pull_wire_bytes: int = 0
+    """Wire bytes of prefix pulls that crossed the link (also of a failed pull)."""
+    pull_s: float | None = None
+    """Real-world seconds the pull took (it delays the prefill)."""
     tokens_out: int = 0
     """Tokens actually streamed back to the client."""
     prefill_start: float | None = None
@@ -52,6 +65,11 @@ class RequestRecord:
     retries: int = 0
     threshold_tokens: float | None = None
     """The threshold the policy applied to this request, if any."""
+    prompt_digest: str | None = None
+    """engine: torch: digest of the prompt token ids the router sent (engine.torch.live)."""
+    output_ids: list[int] | None = None
+    """engine: torch: the generated token ids (first from prefill, the rest from decode), so
+    the token_exact checker can compare them with a single-process generation."""
 
     @property
     def ttft(self) -> float | None:

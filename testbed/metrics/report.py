@@ -35,6 +35,8 @@ _COMPUTED = {
     "kv_bytes",
     "tokens",
     "retries",
+    "cross_dc_bytes",
+    "prefix_cache",
     "queues",
     "engine",
     "policy_thresholds",
@@ -78,6 +80,37 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 def _latency_row(name: str, s: dict[str, Any]) -> list[str]:
     return [name, *(_num(s.get(k), " s") for k in ("mean", "p50", "p90", "p99"))]
+
+
+def _prefix_cache_section(cache: dict[str, Any] | None) -> list[str]:
+    """Prefix reuse per prefill cluster and the pulls (absent in summaries from before the
+    prefix cache, and empty when no request carried hash ids)."""
+    if not cache:
+        return []
+    clusters = cache["clusters"]
+    pulls = cache["pulls"]
+    if (
+        not any(c["found_tokens"] or c["hit_tokens"] for c in clusters.values())
+        and not pulls["asked"]
+    ):
+        return []
+    lines = ["", "## Prefix cache", ""]
+    lines += _table(
+        ["prefill cluster", "requests", "with a hit", "hit tokens", "hit fraction",
+         "found cached (all requests)"],
+        [
+            [name, _num(c["requests"]), _num(c["hit_requests"]), _num(c["hit_tokens"]),
+             _pct(c["hit_fraction"]), _num(c["found_tokens"])]
+            for name, c in clusters.items()
+        ],
+    )  # fmt: skip
+    lines += [
+        "",
+        f"Prefix pulls across the link: {pulls['asked']} asked, {pulls['ok']} ok, "
+        f"{pulls['failed']} failed, {pulls['skipped']} skipped; {_num(pulls['tokens'])} tokens, "
+        f"{_size(pulls['bytes'])}, mean {_num(pulls['seconds']['mean'], ' s')} each.",
+    ]
+    return lines
 
 
 def render_report(
@@ -126,6 +159,12 @@ def render_report(
         )],
         ["KV across the link", _size(summary["kv_bytes"].get("cross_dc"))],
     ]  # fmt: skip
+    xdc = summary.get("cross_dc_bytes")
+    if xdc:
+        rows.append(
+            ["cross-DC bytes (KV + prefix pulls)",
+             f"{_size(xdc['total'])} ({_size(xdc['kv'])} + {_size(xdc['pulls'])})"]
+        )  # fmt: skip
     if thr.get("samples"):
         rows.append(
             [
@@ -162,6 +201,7 @@ def render_report(
     else:
         lines.append("No requests.")
 
+    lines += _prefix_cache_section(summary.get("prefix_cache"))
     link = summary["link"]
     lines += ["", "## Link", ""]
     if link["samples"]:
@@ -212,6 +252,24 @@ def render_report(
             ],
         )
         lines += ["", f"Worst timing error: {_pct(engine.get('max_timing_error'))}."]
+        real = [
+            [name, kind, _num(s["steps"]), _num(s["padded_steps"]), _num(s["late_steps"]),
+             _num(s["late_s"], " s"), _num(s["worst_compute_over_budget"])]
+            for name, e in engine["instances"].items()
+            for kind, s in (e.get("real_model") or {}).items()
+        ]  # fmt: skip
+        if real:
+            lines += [
+                "",
+                "Real-model (engine: torch) steps padded to the profile / time_scale, or late "
+                "when the CPU was slower (late time in real-world seconds; worst ratio: the "
+                "slowest step's compute over its budget):",
+                "",
+            ]
+            lines += _table(
+                ["instance", "step", "steps", "padded", "late", "late total", "worst ratio"],
+                real,
+            )
     else:
         lines.append("No engine timing reported.")
 

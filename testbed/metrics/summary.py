@@ -158,6 +158,49 @@ def queue_depth_series(history: list[HistoryEvent]) -> dict[str, tuple[list[floa
     return out
 
 
+def _prefix_cache(records: list[RequestRecord], byte_scale: float) -> dict[str, Any]:
+    """Prefix reuse per prefill cluster and the pulls across the link, real-world units.
+
+    hit_tokens = prefix tokens the prefill reused (pulled prefixes included); hit_fraction =
+    hit_tokens / input tokens of the requests prefilled there; found_tokens = what the global
+    manager found cached in that cluster, over all requests (what a cache-aware router sees).
+    """
+    clusters: dict[str, Any] = {}
+    for cluster in ("prfaas", "local"):
+        rs = [r for r in records if r.route == cluster]
+        hit = sum(r.cached_tokens for r in rs)
+        total = sum(r.input_tokens for r in rs)
+        found = sum(r.cached_prfaas if cluster == "prfaas" else r.cached_local for r in records)
+        clusters[cluster] = {
+            "requests": len(rs),
+            "hit_requests": sum(1 for r in rs if r.cached_tokens > 0),
+            "hit_tokens": hit,
+            "hit_fraction": hit / total if total else None,
+            "found_tokens": found,
+        }
+    asked = [r for r in records if r.pull_status is not None]
+    ok = [r for r in asked if r.pull_status == "ok"]
+    return {
+        "clusters": clusters,
+        "pulls": {
+            "asked": len(asked),
+            "ok": len(ok),
+            "failed": sum(1 for r in asked if (r.pull_status or "").startswith("failed")),
+            "skipped": sum(1 for r in asked if (r.pull_status or "").startswith("skipped")),
+            "tokens": sum(r.pull_tokens for r in ok),
+            "bytes": float(sum(r.pull_wire_bytes for r in records)) * byte_scale,
+            "seconds": stats([r.pull_s for r in ok if r.pull_s is not None]),
+        },
+    }
+
+
+def _cross_dc_bytes(records: list[RequestRecord], byte_scale: float) -> dict[str, float]:
+    """Real bytes that crossed the inter-datacenter link: PrfaaS KV to decode plus pulls."""
+    kv = float(sum(r.kv_wire_bytes_received for r in records if r.cross_dc)) * byte_scale
+    pulls = float(sum(r.pull_wire_bytes for r in records)) * byte_scale
+    return {"kv": kv, "pulls": pulls, "total": kv + pulls}
+
+
 def _queues(history: list[HistoryEvent]) -> dict[str, Any]:
     """Peak and mean (over sample instants) total queue depth per cluster/role."""
     return {
@@ -178,6 +221,10 @@ def _engines(history: list[HistoryEvent]) -> dict[str, Any]:
             "lateness_p99_s": d.get("lateness_p99_s"),
             "timing_error": d.get("timing_error"),
         }
+        # engine: torch reports its CpuPacer's per-kind padded/late step counts instead
+        real = {k: d[k] for k in ("prefill_layer", "decode_step") if isinstance(d.get(k), dict)}
+        if real:
+            instances[str(d.get("instance", "?"))]["real_model"] = real
     errors = [float(v["timing_error"]) for v in instances.values() if v["timing_error"] is not None]
     return {"instances": instances, "max_timing_error": max(errors) if errors else None}
 
@@ -235,6 +282,8 @@ def summarize(
             "cached": sum(r.cached_tokens for r in records),
             "output": sum(r.tokens_out for r in records),
         },
+        "cross_dc_bytes": _cross_dc_bytes(records, byte_scale),
+        "prefix_cache": _prefix_cache(records, byte_scale),
         "retries": sum(r.retries for r in records),
         "queues": _queues(history),
         "engine": _engines(history),
@@ -257,6 +306,23 @@ def _fmt(v: float | None, unit: str = "s", digits: int = 3) -> str:
     return "-" if v is None else f"{v:.{digits}g}{unit}"
 
 
+def _cache_text(summary: dict[str, Any]) -> list[str]:
+    """One console line on cross-DC bytes and prefix hits, when the run had a prefix cache."""
+    cache, xdc = summary.get("prefix_cache"), summary.get("cross_dc_bytes")
+    if not cache or not xdc:
+        return []
+    hits = cache["clusters"]
+    pulls = cache["pulls"]
+    if not pulls["asked"] and not any(c["hit_tokens"] for c in hits.values()):
+        return []
+    return [
+        f"cross-DC {format_size(xdc['total'])} (KV {format_size(xdc['kv'])} + pulls "
+        f"{format_size(xdc['pulls'])}); prefix hits: "
+        + ", ".join(f"{k} {v['hit_tokens']:,} tokens" for k, v in hits.items())
+        + f"; pulls {pulls['ok']}/{pulls['asked']} ok"
+    ]
+
+
 def to_text(summary: dict[str, Any]) -> str:
     """A few lines for the console after a run."""
     req, scale, link = summary["requests"], summary["scale"], summary["link"]
@@ -275,6 +341,7 @@ def to_text(summary: dict[str, Any]) -> str:
         f"p99 {_fmt(ttft['p99'])}; E2E p50 {_fmt(e2e['p50'])} p99 {_fmt(e2e['p99'])}",
         f"link: {format_size(link['bytes'])} moved, mean {_fmt(link['mean_gbps'], ' Gbps')}, "
         f"peak {_fmt(link['peak_gbps'], ' Gbps')}",
+        *_cache_text(summary),
         f"(real-world units; time_scale {scale['time']:g}, byte_scale {scale['bytes']:g})",
     ]
     return "\n".join(lines)

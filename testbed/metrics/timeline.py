@@ -176,6 +176,40 @@ def write_timeline(
     ax_ttft.set_xlabel("time since start of run (real-world seconds)")
     ax_ttft.set_xlim(0, end)
 
+    # The scheduler: threshold t over time (twin axis of the arrivals panel) and every PD split
+    # change (long-term loop) through every panel.
+    steps = sorted(
+        (e.t, float(e.data["threshold_tokens"]))
+        for e in history
+        if e.kind in ("threshold", "policy") and e.data.get("threshold_tokens") is not None
+    )
+    if steps:
+        ax_t = ax_arr.twinx()
+        ax_t.step(
+            [t for t, _ in steps] + [end],
+            [v / 1000 for _, v in steps] + [steps[-1][1] / 1000],
+            where="post",
+            color="black",
+            linewidth=1,
+            label="threshold t",
+        )
+        ax_t.set_ylim(bottom=0)
+        ax_t.set_ylabel("t (K tokens)")
+    for e in history:
+        if e.kind != "split":
+            continue
+        for ax in axes:
+            ax.axvline(e.t, color="darkgreen", linestyle="--", linewidth=1.2)
+        ax_q.annotate(
+            f"PD {e.data.get('n_prefill')}/{e.data.get('n_decode')}",
+            (e.t, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(2, -10),
+            textcoords="offset points",
+            fontsize=8,
+            color="darkgreen",
+        )
+
     # Faults through every panel, labelled once at the top.
     for e in history:
         if e.kind != "fault":

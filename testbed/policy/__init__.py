@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from testbed.policy.base import Policy
-from testbed.policy.prfaas import Prfaas, PrfaasNoCache
+from testbed.policy.prfaas import Prfaas, PrfaasNoCache, PrfaasNoLongTerm
 from testbed.policy.static import Homogeneous, Naive, PrfaasStatic
 
 POLICIES: dict[str, type] = {
@@ -12,6 +12,7 @@ POLICIES: dict[str, type] = {
     "prfaas-static": PrfaasStatic,
     "prfaas": Prfaas,
     "prfaas-nocache": PrfaasNoCache,
+    "prfaas-nolongterm": PrfaasNoLongTerm,
 }
 
 # The deployment kind each policy runs on when a scenario has several.
@@ -21,6 +22,7 @@ POLICY_DEPLOYMENT_KIND = {
     "prfaas-static": "prfaas-pd",
     "prfaas": "prfaas-pd",
     "prfaas-nocache": "prfaas-pd",
+    "prfaas-nolongterm": "prfaas-pd",
 }
 
 

@@ -58,3 +58,12 @@ class Prfaas:
 class PrfaasNoCache(Prfaas):
     name: str = "prfaas-nocache"
     cache_aware: bool = False
+
+
+@dataclass(frozen=True)
+class PrfaasNoLongTerm(Prfaas):
+    """`prfaas` without the long-term loop: the PD split stays as started (the ablation that
+    shows what role conversion buys). The routing rule is the same; the router reads the
+    difference from the policy name (see scenario.runner.LONG_TERM_POLICIES)."""
+
+    name: str = "prfaas-nolongterm"

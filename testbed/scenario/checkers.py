@@ -24,6 +24,9 @@ Scenario checkers (the `checkers:` list of a scenario, `testbed.config.CheckerCo
   (by arrival, arriving after the end) that starts a run of `streak` consecutive completed
   requests within the bound arrives no later than `within` after the end.
 
+- token_exact (`engine: torch` runs): every completed request's generated token ids equal a
+  single-process generation of the same prompt, recomputed after the run.
+
 And, when the runner passes the load generator's planned count, generator_count: every request
 the generator planned was submitted (requests never submitted are only allowed on Ctrl-C).
 
@@ -46,6 +49,7 @@ from testbed.metrics.summary import stats
 
 __all__ = [
     "CheckResult",
+    "ModelRun",
     "check_failures",
     "check_generator_count",
     "check_kv_accounted",
@@ -54,6 +58,7 @@ __all__ = [
     "check_nothing_lost",
     "check_recover",
     "check_reroute",
+    "check_token_exact",
     "run_checker",
     "run_checkers",
 ]
@@ -174,14 +179,33 @@ def check_latency(
     *,
     history: Sequence[HistoryEvent] = (),
     during: str | None = None,
+    max_ratio: float | None = None,
 ) -> CheckResult:
     """Percentile `p` of `metric` ("ttft", "tpot" or "e2e") over completed requests <= bound;
-    with `during`, only over requests that arrived while such a fault was in force."""
+    with `during`, only over requests that arrived while such a fault was in force. With
+    `max_ratio` the bound is max_ratio x the percentile over the requests that arrived in an
+    equally long window just before the first such fault (the "pre-fault value")."""
     name = f"{metric}_p{p:g}" + (f"_during_{during}" if during else "")
+    baseline = ""
     if during is not None:
         windows = _fault_windows(history, during)
         if not windows:
             return CheckResult(name, False, f"no {during!r} fault was applied in this run")
+        if max_ratio is not None:
+            start, end, _ = windows[0]
+            length = (end if math.isfinite(end) else start + 60.0) - start
+            before = [
+                v
+                for r in records
+                if start - length <= r.arrival < start
+                and r.status == "completed"
+                and (v := getattr(r, metric)) is not None
+            ]
+            if not before:
+                return CheckResult(name, False, f"no completed request before the {during}")
+            pre = float(np.percentile(before, p))
+            bound_s = max_ratio * pre
+            baseline = f" = {max_ratio:g} x p{p:g} {_s(pre)} before the {during}"
         records = [r for r in records if any(s <= r.arrival < e for s, e, _ in windows)]
     values = [
         v for r in records if r.status == "completed" and (v := getattr(r, metric)) is not None
@@ -191,7 +215,8 @@ def check_latency(
     got = float(np.percentile(values, p))
     mean = stats(values)["mean"]
     detail = (
-        f"{metric} p{p:g} {_s(got)} (bound {_s(bound_s)}) over {len(values)} completed; "
+        f"{metric} p{p:g} {_s(got)} (bound {_s(bound_s)}{baseline}) over {len(values)} "
+        "completed; "
         f"mean {_s(mean or 0.0)}"
     )
     return CheckResult(name, got <= bound_s, detail)
@@ -325,16 +350,113 @@ def check_recover(
     return CheckResult(name, ok, "; ".join(parts))
 
 
+@dataclass(frozen=True)
+class ModelRun:
+    """What token_exact needs to redo an `engine: torch` run's generations in one process."""
+
+    prompt_seed: int
+    """The scenario seed: prompts are live.prompt_ids(prompt_seed, request id, length)."""
+    model_seed: int = 0
+    dtype: str = "float32"
+
+
+def check_token_exact(records: Sequence[RequestRecord], run: ModelRun | None) -> CheckResult:
+    """Every completed request's token ids equal a single-process greedy generation of the same
+    prompt: remote prefill, the KV bytes over the link and decode from them lost nothing.
+
+    Recomputes each reference here (torch, imported only when this check runs), rebuilding the
+    prompt from the record's id and length and confirming it with the recorded digest.
+    """
+    name = "token_exact"
+    if run is None:
+        return CheckResult(name, False, "not an engine: torch run; nothing to compare")
+    try:
+        import torch
+
+        from testbed.engine.torch import live
+        from testbed.engine.torch.model import TinyHybridLM, generate
+    except ImportError:
+        from testbed.engine.torch.live import MODEL_EXTRA_HINT
+
+        return CheckResult(name, False, f"cannot recompute: {MODEL_EXTRA_HINT}")
+    torch.set_num_threads(1)
+    model = TinyHybridLM(live.tiny_config(run.model_seed, run.dtype))
+    completed = [r for r in records if r.status == "completed"]
+    bad: list[str] = []
+    missing: list[str] = []
+    remote = 0
+    for r in completed:
+        if not r.output_ids:
+            missing.append(r.id)
+            continue
+        ids = live.prompt_ids(run.prompt_seed, r.id, r.input_tokens, model.config.vocab_size)
+        if r.prompt_digest is not None and live.ids_digest(ids) != r.prompt_digest:
+            bad.append(f"{r.id} (prompt digest differs)")
+            continue
+        if generate(model, ids, r.output_tokens) != r.output_ids:
+            bad.append(r.id)
+        remote += r.cross_dc
+    exact = len(completed) - len(bad) - len(missing)
+    detail = (
+        f"{exact} of {len(completed)} completed requests token-exact "
+        f"({remote} with KV across the link)"
+    )
+    if missing:
+        detail += f"; {len(missing)} without token ids: {_ids(missing)}"
+    if bad:
+        detail += f"; {len(bad)} differ from single-process generation: {_ids(bad)}"
+    return CheckResult(name, not bad and not missing and bool(completed), detail)
+
+
+def check_throughput(
+    records: Sequence[RequestRecord],
+    history: Sequence[HistoryEvent],
+    after: float,
+    until: float,
+    min_fraction: float,
+) -> CheckResult:
+    """Completions per second in [after, until] against the planner's lambda_max for the
+    workload in force at `after` (the runner records both optima as a "plan" event)."""
+    name = f"throughput[{_s(after)}..{_s(until)}]"
+    plan = next((e.data for e in history if e.kind == "plan"), None)
+    if plan is None or until <= after:
+        return CheckResult(name, False, "no planner optimum recorded for this run")
+    shift_at = plan.get("shift_at")
+    key = "shift_lambda_max_rps" if shift_at is not None and after >= shift_at else "lambda_max_rps"
+    target = float(plan[key])
+    done = sum(
+        1
+        for r in records
+        if r.status == "completed" and r.last_token is not None and after <= r.last_token < until
+    )
+    rate = done / (until - after)
+    ok = rate >= min_fraction * target
+    return CheckResult(
+        name,
+        ok,
+        f"{rate:.2f} req/s completed ({done} requests) vs planner {target:.2f} req/s "
+        f"({rate / target - 1:+.1%}; at least {min_fraction:.0%})",
+    )
+
+
 def run_checker(
     cfg: CheckerConfig,
     records: Sequence[RequestRecord],
     history: Sequence[HistoryEvent],
     submitted: int,
+    model_run: ModelRun | None = None,
 ) -> CheckResult:
     """One scenario checker (`checkers:` in a scenario file)."""
+    if cfg.check == "token_exact":
+        return check_token_exact(records, model_run)
     if cfg.check in ("ttft", "tpot", "e2e"):
-        assert cfg.max is not None
-        return check_latency(records, cfg.check, cfg.p, cfg.max, history=history, during=cfg.during)
+        return check_latency(
+            records, cfg.check, cfg.p, cfg.max if cfg.max is not None else math.inf,
+            history=history, during=cfg.during, max_ratio=cfg.max_ratio,
+        )  # fmt: skip
+    if cfg.check == "throughput":
+        assert cfg.after is not None and cfg.until is not None and cfg.min_fraction is not None
+        return check_throughput(records, history, cfg.after, cfg.until, cfg.min_fraction)
     if cfg.check == "failures":
         assert cfg.max_fraction is not None
         return check_failures(records, submitted, cfg.max_fraction)
@@ -352,6 +474,7 @@ def run_checkers(
     history: Sequence[HistoryEvent] = (),
     configs: Sequence[CheckerConfig] = (),
     planned: int | None = None,
+    model_run: ModelRun | None = None,
 ) -> list[CheckResult]:
     """The built-in checkers, in a fixed order, then the scenario's own in its order."""
     out = [
@@ -361,5 +484,5 @@ def run_checkers(
     ]
     if planned is not None:
         out.append(check_generator_count(planned, submitted_ids))
-    out += [run_checker(c, records, history, len(submitted_ids)) for c in configs]
+    out += [run_checker(c, records, history, len(submitted_ids), model_run) for c in configs]
     return out

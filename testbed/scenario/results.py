@@ -10,7 +10,7 @@ from testbed.metrics.records import HistoryEvent, RequestRecord, write_jsonl
 from testbed.metrics.report import write_report
 from testbed.metrics.summary import summarize
 from testbed.metrics.timeline import write_timeline
-from testbed.scenario.checkers import run_checkers
+from testbed.scenario.checkers import ModelRun, run_checkers
 
 if TYPE_CHECKING:
     from testbed.scenario.runner import RunOptions, RunPlan, RunResult
@@ -38,6 +38,7 @@ def write_results(
         "deployment_kind": rp.deployment.kind,
         "policy": rp.policy,
         "substrate": opts.substrate,
+        "engine_kind": rp.deployment.engine,
         "seed": sc.seed,
         "offered_rps": rp.rate_rps,
         "interrupted": interrupted,
@@ -69,6 +70,11 @@ def write_results(
         history=history,
         configs=sc.checkers,
         planned=None if interrupted else len(rp.requests),
+        model_run=(
+            ModelRun(sc.seed, rp.deployment.tiny_model.seed, rp.deployment.tiny_model.dtype)
+            if rp.deployment.engine == "torch"
+            else None
+        ),
     )
     summary["checks"] = [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks]
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

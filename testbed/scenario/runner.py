@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import signal
 import time
@@ -23,7 +24,9 @@ from typing import Any
 import aiohttp
 
 from testbed.config import DeploymentConfig, Scenario
+from testbed.engine.torch import live
 from testbed.errors import UserError
+from testbed.kvcache.manager import cluster_capacities
 from testbed.metrics.records import HistoryEvent, RequestRecord, write_jsonl
 from testbed.plan_cli import plan_inputs
 from testbed.planner import StagePlan, plan_deployment
@@ -39,12 +42,15 @@ from testbed.scenario.nemesis import (
 )
 from testbed.services.spec import InstanceInfo, SchedulerSpec, ServiceSpec
 from testbed.substrate.base import ServiceHandle, Substrate
+from testbed.workload.build import length_distribution
 from testbed.workload.generate import RequestSpec, generate_requests
 
 __all__ = ["RunOptions", "RunResult", "prepare_run", "run_scenario"]
 
-THRESHOLD_POLICIES = ("prfaas-static", "prfaas", "prfaas-nocache")
-RE_PLANNING_POLICIES = ("prfaas", "prfaas-nocache")
+THRESHOLD_POLICIES = ("prfaas-static", "prfaas", "prfaas-nocache", "prfaas-nolongterm")
+RE_PLANNING_POLICIES = ("prfaas", "prfaas-nocache", "prfaas-nolongterm")
+LONG_TERM_POLICIES = ("prfaas", "prfaas-nocache")
+"""Policies whose router also runs the long-term loop (local PD instances are role-switchable)."""
 """Policies whose threshold the router's short-term loop re-plans while the run goes on."""
 SAMPLE_INTERVAL_S = 0.25
 """Wall seconds between samples of queues and link throughput."""
@@ -90,6 +96,9 @@ class RunPlan:
     requests: list[RequestSpec]
     faults: list[PlannedFault] = field(default_factory=list)
     """The nemesis timeline, targets resolved (testbed.scenario.nemesis)."""
+    shift_plan: StagePlan | None = None
+    """The planner's optimum for the lengths after `workload.shift` (PD split free)."""
+    shift_rate_rps: float | None = None
 
 
 @dataclass
@@ -166,16 +175,34 @@ def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
     else:
         rate = None
     duration = opts.duration_s if opts.duration_s is not None else scenario.duration
+    shift_plan: StagePlan | None = None
+    shift_rate: float | None = None
+    shift = scenario.workload.shift
+    if shift is not None:
+        shifted = dataclasses.replace(
+            plan_inputs(scenario), lengths=length_distribution(shift.lengths)
+        )
+        shift_plan = plan_deployment(name, dep, shifted)
+        if shift.rate is not None:
+            shift_rate = shift.rate
+        else:
+            assert shift.load is not None  # ShiftConfig requires one of them
+            shift_rate = shift.load * shift_plan.lambda_max_rps
     requests = generate_requests(
         scenario.workload,
         rate_rps=rate,
         duration_s=duration,
         seed=scenario.seed,
         trace_path=opts.trace,
+        shift_rate_rps=shift_rate,
     )
     requests = burst_requests(scenario, requests, rate, duration)
     if not requests:
         raise UserError("the workload produced no requests; raise the rate or the duration")
+    if dep.engine == "torch":  # before any process starts: one clear line, not a crashed worker
+        live.check_live_run(
+            opts.substrate, [(r.id, r.input_tokens, r.output_tokens) for r in requests]
+        )
     n_prfaas = dep.prfaas.instances if dep.prfaas is not None else 0
     ids = instance_ids(n_prfaas, n_prefill, n_decode)
     faults = plan_faults(scenario, ids, link_enabled=dep.prfaas is not None)
@@ -183,6 +210,7 @@ def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
         scenario, name, dep, policy, plan, threshold, n_prefill, n_decode, rate, duration, requests
     )
     rp.faults = faults
+    rp.shift_plan, rp.shift_rate_rps = shift_plan, shift_rate
     return rp
 
 
@@ -231,6 +259,10 @@ class _Run:
             t0=self.t0,
             connections=dep.link.connections,
             tpot_slo_s=self.rp.scenario.slo.tpot,
+            engine=dep.engine,
+            model_seed=dep.tiny_model.seed,
+            model_dtype=dep.tiny_model.dtype,
+            prompt_seed=self.rp.scenario.seed,
         )
 
     async def _start_all(self, specs: list[ServiceSpec]) -> list[ServiceHandle]:
@@ -241,12 +273,29 @@ class _Run:
 
     async def start(self) -> None:
         dep = self.rp.deployment
-        decoders = await self._start_all(
-            [
-                self._spec("decode", f"local-decode-{i}", "local", dep.local.hardware)
-                for i in range(self.rp.n_decode)
-            ]
+        # The torch engine has no role-switchable service yet: its runs keep the split.
+        switchable = (
+            self.rp.policy in LONG_TERM_POLICIES
+            and dep.prfaas is not None
+            and dep.engine == "emulated"
         )
+        local_specs = [
+            self._spec("decode", f"local-decode-{i}", "local", dep.local.hardware)
+            for i in range(self.rp.n_decode)
+        ]
+        if switchable:  # every local PD instance can take either role (services/pd.py)
+            local_specs += [
+                self._spec("prefill", f"local-prefill-{i}", "local", dep.local.hardware)
+                for i in range(self.rp.n_prefill)
+            ]
+            lt = self.rp.scenario.policy.long_term
+            local_specs = [
+                s.model_copy(
+                    update={"role": "pd", "initial_role": s.role, "role_switch_s": lt.role_switch}
+                )
+                for s in local_specs
+            ]
+        decoders = await self._start_all(local_specs)
         kv_addrs: dict[str, tuple[str, int]] = {}
         for d in decoders:
             assert d.kv_addr is not None
@@ -264,10 +313,11 @@ class _Run:
                 self._spec("prefill", f"prfaas-prefill-{i}", "prfaas", dep.prfaas.hardware)
                 for i in range(dep.prfaas.instances)
             ]
-        prefill_specs += [
-            self._spec("prefill", f"local-prefill-{i}", "local", dep.local.hardware)
-            for i in range(self.rp.n_prefill)
-        ]
+        if not switchable:
+            prefill_specs += [
+                self._spec("prefill", f"local-prefill-{i}", "local", dep.local.hardware)
+                for i in range(self.rp.n_prefill)
+            ]
         prefills = await self._start_all(prefill_specs)
         instances = [
             InstanceInfo(id=p.spec.id, cluster=p.spec.cluster, role="prefill", url=p.url)
@@ -276,8 +326,9 @@ class _Run:
             InstanceInfo(
                 id=d.spec.id,
                 cluster="local",
-                role="decode",
+                role="decode" if d.spec.role == "decode" else d.spec.initial_role,
                 url=d.url,
+                switchable=d.spec.role == "pd",
                 kv_host=kv_addrs[d.spec.id][0],
                 kv_port=kv_addrs[d.spec.id][1],
                 kv_link_host=self.link.routes[d.spec.id][0],
@@ -289,6 +340,7 @@ class _Run:
         router_spec.policy = self.rp.policy
         router_spec.threshold_tokens = self.rp.threshold_tokens
         router_spec.instances = instances
+        router_spec.prefix_cache_bytes = cluster_capacities(dep)
         if self.rp.policy in RE_PLANNING_POLICIES:
             sc = self.rp.scenario
             router_spec.scheduler = SchedulerSpec(
@@ -298,6 +350,10 @@ class _Run:
                 tpot_slo_s=sc.slo.tpot,
                 threshold_step=sc.planner.threshold_step,
                 n_prefill=self.rp.n_prefill,
+                interval_s=sc.policy.short_term.interval,
+                short_term=sc.policy.short_term.model_dump(mode="json"),
+                long_term=sc.policy.long_term.model_dump(mode="json") if switchable else None,
+                n_local=dep.local.instances,
             )
         self.router = (await self._start_all([router_spec]))[0]
 
@@ -319,7 +375,13 @@ class _Run:
         if self.stop.is_set():
             return
         self.submitted.append(req.id)
-        body = {"id": req.id, "input_tokens": req.input_tokens, "output_tokens": req.output_tokens}
+        body: dict[str, Any] = {
+            "id": req.id,
+            "input_tokens": req.input_tokens,
+            "output_tokens": req.output_tokens,
+        }
+        if req.hash_ids:  # prompt blocks, for the router's prefix cache (kvcache.manager)
+            body["hash_ids"] = list(req.hash_ids)
         offset = (self.load_start - self.t0) * self.k
         try:
             async with session.post(f"{self.router.url}/generate", json=body) as resp:
@@ -400,6 +462,23 @@ class _Run:
             self.history.append(
                 HistoryEvent(0.0, "policy", {"threshold_tokens": self.rp.threshold_tokens})
             )
+        shift = self.rp.scenario.workload.shift
+        self.history.append(
+            HistoryEvent(
+                0.0,
+                "plan",
+                {
+                    "lambda_max_rps": self.rp.plan.lambda_max_rps,
+                    "n_prefill": self.rp.n_prefill,
+                    "n_decode": self.rp.n_decode,
+                    "shift_at": shift.at if shift is not None else None,
+                    "shift_lambda_max_rps": (
+                        self.rp.shift_plan.lambda_max_rps if self.rp.shift_plan else None
+                    ),
+                    "shift_n_prefill": self.rp.shift_plan.n_prefill if self.rp.shift_plan else None,
+                },
+            )
+        )
         connector = aiohttp.TCPConnector(limit=0)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -431,8 +510,23 @@ class _Run:
                 with contextlib.suppress(asyncio.CancelledError):
                     await sampler
                 await stop_player(nemesis)
+                await self._scheduler_events(session)
                 await self._engine_stats(session)
             on_progress(len(self.records), len(self.submitted))
+
+    async def _scheduler_events(self, session: aiohttp.ClientSession) -> None:
+        """Copy the router's scheduler decisions (GET /scheduler) into the history."""
+        if self.router is None or self.rp.policy not in RE_PLANNING_POLICIES:
+            return
+        offset = (self.load_start - self.t0) * self.k
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+            async with asyncio.timeout(5):
+                async with session.get(f"{self.router.url}/scheduler") as resp:
+                    events = await resp.json()
+            for ev in events:  # kinds: threshold, split_check, drain, switched, split, ...
+                t = float(ev.pop("t")) - offset
+                self.history.append(HistoryEvent(t, str(ev.pop("kind")), ev))
+        self.history.sort(key=lambda e: e.t)
 
     async def _engine_stats(self, session: aiohttp.ClientSession) -> None:
         t = self.real_now()

@@ -38,10 +38,10 @@ class LinkSample:
 class LinkEstimator:
     nominal: float
     """Configured link bandwidth (real bytes/s): the ceiling the estimate recovers to."""
-    queue_delay_s: float = 1.0
+    queue_delay_s: float = 0.5
     """Standing queue (in flight / delivered rate, real seconds) that marks a bottleneck."""
-    recover_per_s: float = 0.2
-    """How fast (fraction of the gap per real second) the estimate climbs back without one."""
+    recover_per_s: float = 0.1
+    """How fast the estimate climbs back without one: x (1 + recover_per_s) per real second."""
     smoothing: float = 0.8
     """EWMA weight of a new bottleneck measurement."""
 
@@ -65,7 +65,10 @@ class LinkEstimator:
         if self.bottleneck:
             self.estimate += self.smoothing * (rate - self.estimate)
         else:
+            # Multiplicative probing (as TCP's slow start): a few quiet seconds during a long
+            # drop move the estimate little, a link that stays quiet is believed in again
+            # within ~30 s from 5% of nominal; a link that delivers more is believed at once.
             self.estimate = max(self.estimate, rate)
-            self.estimate += min(self.recover_per_s * dt, 1.0) * (self.nominal - self.estimate)
+            self.estimate *= (1.0 + self.recover_per_s) ** dt
         self.estimate = min(max(self.estimate, 1.0), self.nominal)
         return self.estimate

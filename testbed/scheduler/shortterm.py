@@ -54,8 +54,19 @@ class ThresholdController:
         moved = (
             abs(bandwidth - self.planned_bandwidth) > self.replan_change * self.planned_bandwidth
         )
+        return self._replan(now, bandwidth) if moved else self._decision(False)
+
+    def replan(self, now: float, bandwidth: float) -> ThresholdDecision:
+        """Re-plan even if the bandwidth did not move: the planner's other inputs did (the
+        observed prompt lengths, or the PD split after a role conversion)."""
+        return self._replan(now, bandwidth)
+
+    def _decision(self, changed: bool) -> ThresholdDecision:
+        return ThresholdDecision(self.threshold, self.planned_bandwidth, self.scarce, changed)
+
+    def _replan(self, now: float, bandwidth: float) -> ThresholdDecision:
         changed = False
-        if moved and now - self._changed_at >= self.cooldown_s:
+        if now - self._changed_at >= self.cooldown_s:
             plan = self.plan(bandwidth)
             t = plan.threshold_tokens
             assert t is not None
@@ -65,4 +76,4 @@ class ThresholdController:
                 self.threshold = t
                 self._changed_at = now
                 changed = True
-        return ThresholdDecision(self.threshold, self.planned_bandwidth, self.scarce, changed)
+        return self._decision(changed)

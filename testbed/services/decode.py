@@ -18,6 +18,7 @@ from aiohttp import web
 
 from testbed.engine.emulated import DecodeBatcher, DecodeSlot
 from testbed.profiles import MODELS
+from testbed.services import cache_pull
 from testbed.services.spec import RunClock, ServiceSpec
 from testbed.services.validate import health, int_field, json_body, json_errors, str_field
 from testbed.transfer.errors import TransferError
@@ -156,6 +157,7 @@ async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]
     app[STATE] = state
     app.router.add_post("/decode", _decode)
     app.router.add_delete("/decode/{rid}", _cancel)
+    app.router.add_post("/prefix/receive", cache_pull.receive_handler(STATE))
     app.router.add_get("/stats", _stats)
     app.router.add_get("/health", health)
     batch_task = asyncio.get_running_loop().create_task(state.batcher.run())

@@ -38,11 +38,23 @@ async def serve(spec: ServiceSpec, factory: AppFactory) -> None:
     await runner.cleanup()
 
 
-def _factory(role: str) -> AppFactory:
+def _factory(role: str, engine: str = "emulated") -> AppFactory:
     if role == "router":
         from testbed.services.router import create_app as router_app
 
         return router_app
+    if engine == "torch" and role in ("prefill", "decode"):  # the tiny real model, same API
+        if role == "prefill":
+            from testbed.services.torch_prefill import create_app as torch_prefill_app
+
+            return torch_prefill_app
+        from testbed.services.torch_decode import create_app as torch_decode_app
+
+        return torch_decode_app
+    if role == "pd":
+        from testbed.services.pd import create_app as pd_app
+
+        return pd_app
     if role == "prefill":
         from testbed.services.prefill import create_app as prefill_app
 
@@ -65,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         runner = asyncio.run
     with contextlib.suppress(KeyboardInterrupt):
-        runner(serve(spec, _factory(spec.role)))
+        runner(serve(spec, _factory(spec.role, spec.engine)))
     return 0
 
 

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from testbed.engine.emulated import PrefillEngine, wire_layer_bytes
 from testbed.profiles import MODELS
+from testbed.services import cache_pull
 from testbed.services.spec import RunClock, ServiceSpec
 from testbed.services.validate import health, int_field, json_body, json_errors, str_field
 from testbed.transfer.errors import TransferError
@@ -36,6 +37,9 @@ class PrefillJob:
     result: asyncio.Future[dict[str, Any]]
     queued_at: float
     times: dict[str, float] = field(default_factory=dict)
+    kv_tokens: int | None = None
+    """Tokens whose KV goes to decode, when not the computed ones (prefix cache: the decode
+    side already holds part of the prompt, or needs a cached part this prefill skipped)."""
 
 
 class PrefillState:
@@ -83,7 +87,8 @@ class PrefillState:
                 self.running = None
 
     async def _prefill(self, job: PrefillJob) -> None:
-        sizes = wire_layer_bytes(self.engine.model, job.uncached_tokens, self.spec.byte_scale)
+        kv_tokens = job.uncached_tokens if job.kv_tokens is None else job.kv_tokens
+        sizes = wire_layer_bytes(self.engine.model, kv_tokens, self.spec.byte_scale)
         layers: asyncio.Queue[tuple[int, int] | None] = asyncio.Queue()
         job.times["prefill_start"] = self.clock.real()
         transfer = asyncio.get_running_loop().create_task(self._transfer(job, sizes, layers))
@@ -91,7 +96,7 @@ class PrefillState:
         transfer.add_done_callback(self.transfers.discard)
 
         async def on_layer(layer: int, nbytes: int) -> None:
-            layers.put_nowait((layer, nbytes))
+            layers.put_nowait((layer, sizes[layer]))  # the layer's KV as decode needs it
 
         try:
             await self.engine.run(job.uncached_tokens, on_layer)
@@ -137,6 +142,8 @@ async def _prefill(request: web.Request) -> web.Response:
     tokens = int_field(body, "uncached_tokens", 1, 10_000_000)
     target = (str_field(body, "kv_host", 255), int_field(body, "kv_port", 1, 65535))
     job = PrefillJob(rid, tokens, target, asyncio.get_running_loop().create_future(), 0.0)
+    if "kv_tokens" in body:
+        job.kv_tokens = int_field(body, "kv_tokens", 1, 10_000_000)
     job.queued_at = state.clock.real()
     state.queued_tokens += tokens
     state.queue.put_nowait(job)
@@ -174,6 +181,7 @@ async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]
     app = web.Application(client_max_size=1 << 20, middlewares=[json_errors])
     app[STATE] = state
     app.router.add_post("/prefill", _prefill)
+    app.router.add_post("/prefix/send", cache_pull.send_handler(STATE))
     app.router.add_get("/stats", _stats)
     app.router.add_get("/health", health)
     worker = asyncio.get_running_loop().create_task(state.worker())

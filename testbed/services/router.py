@@ -24,25 +24,25 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from pydantic import TypeAdapter
 
-from testbed.config import DeploymentConfig, LengthsConfig
 from testbed.engine.emulated import wire_layer_bytes
+from testbed.engine.torch import live
+from testbed.kvcache import BLOCK_TOKENS
+from testbed.kvcache.manager import CacheLookup, CachePlan, KVCacheManager, plan_request
 from testbed.metrics.records import RequestRecord
-from testbed.planner import PlanInputs, StagePlan, plan_deployment
 from testbed.policy import make_policy
 from testbed.policy.base import InstanceLoad, RequestView, Route, Snapshot
 from testbed.profiles import MODELS
-from testbed.scheduler.bandwidth import LinkEstimator, LinkSample
-from testbed.scheduler.shortterm import ThresholdController
+from testbed.services import cache_pull
+from testbed.services.control import ControlLoops, role_view
 from testbed.services.spec import InstanceInfo, RunClock, ServiceSpec
 from testbed.services.validate import health, json_errors
-from testbed.workload.build import length_distribution
 
 __all__ = ["create_app"]
 
 HEALTH = web.AppKey("health", asyncio.Task)
 SCHEDULER = web.AppKey("scheduler", asyncio.Task)
+LONG_TERM = web.AppKey("long_term", asyncio.Task)
 MAX_INPUT_TOKENS = 10_000_000
 MAX_OUTPUT_TOKENS = 1_000_000
 MAX_ATTEMPTS = 3
@@ -84,8 +84,19 @@ class RouterState:
         self.spec = spec
         self.clock = RunClock(spec.t0, spec.time_scale)
         self.model = MODELS[spec.model]
+        self.tiny = (
+            live.tiny_config(spec.model_seed, spec.model_dtype) if spec.engine == "torch" else None
+        )
+        """engine: torch: the real model's layout (prompts and KV sizes); torch-free."""
         self.policy = make_policy(spec.policy)
-        self.instances = {i.id: i for i in spec.instances}
+        self.instances = {i.id: role_view(i, i.role) if i.switchable else i for i in spec.instances}
+        """The router's view of every instance; a switchable PD instance's entry follows its
+        role (control.role_view)."""
+        self.draining: set[str] = set()
+        """Instances the long-term loop is emptying before a role switch: no new work."""
+        self.events: list[dict[str, Any]] = []
+        """Scheduler decisions and their signals (GET /scheduler, copied into the history)."""
+        self.control = ControlLoops(self) if spec.scheduler is not None else None
         self.outstanding = dict.fromkeys(self.instances, 0)
         self.healthy = dict.fromkeys(self.instances, True)
         self.threshold = spec.threshold_tokens
@@ -97,6 +108,14 @@ class RouterState:
         self.in_flight = 0
         self._ids = itertools.count(1)
         self.session: aiohttp.ClientSession | None = None
+        self.cache = (
+            KVCacheManager.for_model(self.model, spec.prefix_cache_bytes)
+            if spec.prefix_cache_bytes is not None
+            else None
+        )
+        """The global KVCache manager: which cluster holds which prefix (kvcache.manager)."""
+        self.hash_ids: dict[str, tuple[int, ...]] = {}
+        """Block hash ids of the requests in flight (by request id), for the cache lookups."""
 
     def next_id(self) -> str:
         return f"q{next(self._ids):06d}"
@@ -108,7 +127,10 @@ class RouterState:
             instances=tuple(
                 InstanceLoad(i.id, i.cluster, i.role, self.outstanding[i.id], self.work[i.id])
                 for i in self.instances.values()
-                if self.healthy[i.id] and i.id not in exclude and i.cluster not in exclude
+                if self.healthy[i.id]
+                and i.id not in exclude
+                and i.cluster not in exclude
+                and i.id not in self.draining
             ),
             threshold_tokens=self.threshold,
             bandwidth_scarce=self.scarce,
@@ -132,44 +154,7 @@ class RouterState:
                             if resp.status == 200:
                                 self.healthy[iid] = True
 
-    async def run_scheduler(self) -> None:
-        """The short-term loop: estimate the link from the PrfaaS senders, re-plan t."""
-        sch = self.spec.scheduler
-        assert sch is not None and self.session is not None
-        dep = DeploymentConfig.model_validate(sch.deployment)
-        lengths = length_distribution(TypeAdapter(LengthsConfig).validate_python(sch.lengths))
-        inputs = PlanInputs(lengths, sch.output_tokens, sch.tpot_slo_s, sch.threshold_step)
-
-        def plan(bandwidth: float) -> StagePlan:
-            return plan_deployment(
-                "prfaas-pd", dep, inputs, link_bytes_per_s=bandwidth, n_prefill=sch.n_prefill
-            )
-
-        estimator = LinkEstimator(dep.link.bandwidth)
-        ctl = await asyncio.to_thread(ThresholdController, plan, dep.link.bandwidth)
-        self.threshold, self.scarce = ctl.threshold, ctl.scarce
-        self.bandwidth_estimate = estimator.estimate
-        senders = [i for i in self.instances.values() if i.cluster == "prfaas"]
-        k, s = self.spec.time_scale, self.spec.byte_scale
-        while True:
-            await asyncio.sleep(sch.interval_s / k)
-            stats = await asyncio.gather(*(self._stats(i) for i in senders))
-            live = [x for x in stats if x is not None]
-            if not live:
-                continue
-            sample = LinkSample(
-                t=self.clock.real(),
-                bytes_acked=sum(x["bytes_acked"] for x in live) * s,
-                # bytes waiting for the sender's window are as much a queue as bytes in flight
-                inflight_bytes=sum(x["in_flight_bytes"] + x["queued_bytes"] for x in live) * s,
-            )
-            self.bandwidth_estimate = estimator.update(sample)
-            if not any(self.healthy[i.id] for i in senders):
-                continue
-            decision = await asyncio.to_thread(ctl.update, sample.t, self.bandwidth_estimate)
-            self.threshold, self.scarce = decision.threshold_tokens, decision.scarce
-
-    async def _stats(self, inst: InstanceInfo) -> dict[str, Any] | None:
+    async def fetch_stats(self, inst: InstanceInfo) -> dict[str, Any] | None:
         assert self.session is not None
         try:
             async with asyncio.timeout(1.0):
@@ -180,7 +165,12 @@ class RouterState:
             return None
 
     async def handle(
-        self, rid: str, input_tokens: int, output_tokens: int, on_tokens: TokenSink
+        self,
+        rid: str,
+        input_tokens: int,
+        output_tokens: int,
+        on_tokens: TokenSink,
+        hash_ids: tuple[int, ...] = (),
     ) -> RequestRecord:
         rec = RequestRecord(
             id=rid,
@@ -188,6 +178,8 @@ class RouterState:
             output_tokens=output_tokens,
             arrival=self.clock.real(),
         )
+        if hash_ids:
+            self.hash_ids[rid] = hash_ids
         self.in_flight += 1
         try:
             await self._run(rec, on_tokens)
@@ -199,6 +191,7 @@ class RouterState:
             raise
         finally:
             self.in_flight -= 1
+            self.hash_ids.pop(rid, None)
             self.records.append(rec)
         return rec
 
@@ -232,17 +225,24 @@ class RouterState:
     async def _attempt(
         self, rec: RequestRecord, attempt: int, exclude: frozenset[str], on_tokens: TokenSink
     ) -> None:
-        view = RequestView(rec.id, rec.input_tokens, rec.output_tokens)
+        hash_ids = self.hash_ids.get(rec.id, ())
+        look = self.cache.lookup(hash_ids, rec.input_tokens) if self.cache else CacheLookup()
+        view = RequestView(rec.id, rec.input_tokens, rec.output_tokens, look.local, look.prfaas)
+        if self.control is not None and attempt == 0:
+            self.control.observe(rec.arrival, self._routed_length(view))
         route = await self._route(view, exclude)
         prefill = self.instances[route.prefill_instance]
         decode = self.instances[route.decode_instance]
         rec.route = route.prefill_cluster
         rec.prefill_instance, rec.decode_instance = prefill.id, decode.id
-        rec.cached_tokens = rec.input_tokens - route.uncached_tokens
+        plan = await self._cache_plan(rec, attempt, route, look, decode, exclude)
+        rec.cached_tokens = plan.reused_tokens
         rec.threshold_tokens = route.threshold_tokens
         rec.cross_dc = prefill.cluster != decode.cluster
-        rec.kv_wire_bytes_expected = sum(
-            wire_layer_bytes(self.model, route.uncached_tokens, self.spec.byte_scale)
+        rec.kv_wire_bytes_expected = (
+            sum(self.tiny.layer_sizes(0, rec.input_tokens))  # real tensors, the whole prompt
+            if self.tiny is not None
+            else sum(wire_layer_bytes(self.model, plan.kv_tokens, self.spec.byte_scale))
         )
         rec.kv_wire_bytes_sent = rec.kv_wire_bytes_received = 0
         if rec.tokens_out == 0:  # tokens already streamed came from an earlier attempt's KV
@@ -255,11 +255,11 @@ class RouterState:
             raise RequestError(f"decode instance {decode.id} has no KV address")
         # Each attempt has its own id on the wire: a receiver remembers finished ids.
         wire_id = rec.id if attempt == 0 else f"{rec.id}.{attempt}"
-        self._charge(prefill.id, route.uncached_tokens, decode.id, rec.output_tokens, +1)
+        self._charge(prefill.id, plan.prefill_tokens, decode.id, rec.output_tokens, +1)
         try:
             decode_task = asyncio.create_task(self._decode(decode, rec, wire_id, on_tokens))
             prefill_task = asyncio.create_task(
-                self._prefill(prefill, rec, wire_id, route.uncached_tokens, kv)
+                self._prefill(prefill, rec, wire_id, plan.prefill_tokens, kv, plan.kv_tokens)
             )
             try:
                 # A decode instance that fails while the prefill runs fails the attempt at once
@@ -278,10 +278,80 @@ class RouterState:
                     await decode_task
                 raise
             finally:
-                self._charge(prefill.id, route.uncached_tokens, None, 0, -1)
+                self._charge(prefill.id, plan.prefill_tokens, None, 0, -1)
+            if self.cache is not None:  # the prompt's prefix now sits in the prefill's cluster
+                self.cache.insert(prefill.cluster, hash_ids, rec.input_tokens)
+                self.cache.record_prefill(prefill.cluster, plan)
             await decode_task
         finally:
             self._charge(None, 0, decode.id, rec.output_tokens, -1)
+
+    def _routed_length(self, view: RequestView) -> int:
+        """The length the policy compares with t: the whole prompt for cache-blind policies,
+        the part no usable cache holds for the cache-aware rule. The scheduler's planner is fed
+        these, so the t it plans fits the lengths the routing really sees."""
+        if not getattr(self.policy, "cache_aware", False):
+            return view.input_tokens
+        cached = view.cached_local if self.scarce else max(view.cached_local, view.cached_prfaas)
+        return max(1, view.input_tokens - cached)
+
+    async def _cache_plan(
+        self,
+        rec: RequestRecord,
+        attempt: int,
+        route: Route,
+        look: CacheLookup,
+        decode: InstanceInfo,
+        exclude: frozenset[str],
+    ) -> CachePlan:
+        """What the prefill computes and what KV goes to decode (kvcache.manager's byte
+        model); pulls the prefix first when the route asks for it (services.cache_pull).
+
+        Without a manager (or with the torch engine, whose KV is always the whole prompt) the
+        route's own uncached length is both, as before the prefix cache existed."""
+        if self.cache is None or self.tiny is not None:
+            n = route.uncached_tokens
+            return CachePlan(n, rec.input_tokens - n, n)
+        rec.cached_local, rec.cached_prfaas = look.local, look.prfaas
+        cluster = route.prefill_cluster
+        plan = plan_request(rec.input_tokens, look, cluster, route.pull_prefix_tokens)
+        if not plan.pull_tokens:
+            return plan
+        rec.pull_tokens = plan.pull_tokens
+        source = None
+        if plan.pull_from == "prfaas" and "prfaas" not in exclude:
+            senders = [
+                i for i in self.snapshot(exclude).instances
+                if i.cluster == "prfaas" and i.role == "prefill"
+            ]  # fmt: skip
+            if senders:
+                source = self.instances[min(senders, key=lambda i: (i.outstanding, i.id)).id]
+        if source is None:
+            rec.pull_status = (
+                "skipped: no KV path from the local cluster to PrfaaS"
+                if plan.pull_from == "local"
+                else "skipped: no PrfaaS instance or link to pull from"
+            )
+            return plan_request(rec.input_tokens, look, cluster, 0)
+        assert self.session is not None
+        wire_id = cache_pull.pull_wire_id(rec.id if attempt == 0 else f"{rec.id}.{attempt}")
+        result = await cache_pull.pull_prefix(
+            self.session,
+            source=source,
+            target=decode,
+            wire_id=wire_id,
+            tokens=plan.pull_tokens,
+            model=self.spec.model,
+            byte_scale=self.spec.byte_scale,
+            time_scale=self.spec.time_scale,
+            timeout_s=self.spec.request_timeout_s,
+        )
+        rec.pull_wire_bytes += result.wire_bytes
+        rec.pull_s, rec.pull_status = result.seconds, result.status
+        if not result.ok:  # compute the prefix instead
+            return plan_request(rec.input_tokens, look, cluster, 0)
+        self.cache.insert(cluster, self.hash_ids.get(rec.id, ()), plan.reused_tokens)
+        return plan
 
     async def _route(self, view: RequestView, exclude: frozenset[str]) -> Route:
         """The policy's route; when no instance can take the request (all down or excluded),
@@ -311,10 +381,29 @@ class RouterState:
             self.work[decode] += sign * out
 
     async def _prefill(
-        self, inst: InstanceInfo, rec: RequestRecord, wire_id: str, tokens: int, kv: tuple[Any, Any]
+        self,
+        inst: InstanceInfo,
+        rec: RequestRecord,
+        wire_id: str,
+        tokens: int,
+        kv: tuple[Any, Any],
+        kv_tokens: int | None = None,
     ) -> None:
         assert self.session is not None
-        body = {"id": wire_id, "uncached_tokens": tokens, "kv_host": kv[0], "kv_port": kv[1]}
+        body: dict[str, Any] = {
+            "id": wire_id,
+            "uncached_tokens": tokens,
+            "kv_host": kv[0],
+            "kv_port": kv[1],
+        }
+        if kv_tokens is not None and kv_tokens != tokens and self.tiny is None:
+            body["kv_tokens"] = kv_tokens  # decode holds part of the prompt, or needs more
+        if self.tiny is not None:  # real token ids, drawn from (seed, request id, length)
+            ids = live.prompt_ids(
+                self.spec.prompt_seed, rec.id, rec.input_tokens, self.tiny.vocab_size
+            )
+            rec.prompt_digest = live.ids_digest(ids)
+            body["tokens"] = ids
         try:
             async with asyncio.timeout(self.spec.request_timeout_s):
                 async with self.session.post(f"{inst.url}/prefill", json=body) as resp:
@@ -333,6 +422,23 @@ class RouterState:
                 link_failed=rec.cross_dc,
                 suspect=None if rec.cross_dc else rec.decode_instance,
             )
+        if self.tiny is not None:
+            await self._first_token(rec, wire_id, doc.get("first_token_id"))
+
+    async def _first_token(self, rec: RequestRecord, wire_id: str, token: Any) -> None:
+        """engine: torch: hand the prefill's first token to the decode instance (the control
+        path; the KV carries only states and latents)."""
+        assert self.session is not None and rec.decode_instance is not None
+        inst = self.instances[rec.decode_instance]
+        try:
+            async with asyncio.timeout(10):
+                url = f"{inst.url}/decode/{wire_id}/first_token"
+                async with self.session.post(url, json={"first_token_id": token}) as resp:
+                    ok = resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            ok = False
+        if not ok:
+            raise AttemptError(f"decode on {inst.id}: first token not delivered", suspect=inst.id)
 
     async def _decode(
         self, inst: InstanceInfo, rec: RequestRecord, wire_id: str, on_tokens: TokenSink
@@ -372,6 +478,8 @@ class RouterState:
                         rec.last_token = doc["last_token"]
                         rec.kv_wire_bytes_received = int(doc["kv_wire_bytes"])
                         rec.kv_verified = bool(doc["kv_verified"]) and verified
+                        if "token_ids" in doc:  # engine: torch: what the model generated
+                            rec.output_ids = [int(t) for t in doc["token_ids"]]
                         if generated != doc["tokens"] or rec.tokens_out != rec.output_tokens:
                             raise RequestError(
                                 f"decode on {inst.id}: streamed {generated} tokens of "
@@ -437,15 +545,33 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         if not isinstance(body["id"], str) or not 1 <= len(body["id"].encode()) <= 60:
             raise _bad("id must be a string of 1 to 60 bytes")
         rid = body["id"]
+    hash_ids = _hash_ids(body, input_tokens)
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await resp.prepare(request)
 
     async def on_tokens(n: int) -> None:
         await resp.write(b'{"tokens":%d}\n' % n)
 
-    rec = await state.handle(rid, input_tokens, output_tokens, on_tokens)
+    rec = await state.handle(rid, input_tokens, output_tokens, on_tokens, hash_ids)
     await resp.write((json.dumps({"record": rec.to_json()}) + "\n").encode())
     return resp
+
+
+def _hash_ids(body: dict[str, Any], input_tokens: int) -> tuple[int, ...]:
+    """The optional `hash_ids` of a Mooncake-style request: one id per 512-token block of the
+    prompt (the last may be partial), so at most ceil(input_tokens / 512) signed 64-bit ints.
+    Checked before the response starts, so a bad list is a 400, not a failed request."""
+    value = body.get("hash_ids")
+    if value is None:
+        return ()
+    limit = -(-input_tokens // BLOCK_TOKENS)
+    if not isinstance(value, list) or len(value) > limit:
+        raise _bad(f"hash_ids must be a list of at most ceil(input_tokens / 512) = {limit} ints")
+    if not all(
+        isinstance(h, int) and not isinstance(h, bool) and -(2**63) <= h < 2**63 for h in value
+    ):
+        raise _bad("hash_ids must hold only integers (signed 64-bit)")
+    return tuple(value)
 
 
 def _prompt_tokens(prompt: Any) -> int:
@@ -540,9 +666,14 @@ async def _stats(request: web.Request) -> web.Response:
             "recorded": len(state.records),
             "threshold_tokens": snap.threshold_tokens,
             "bandwidth_scarce": snap.bandwidth_scarce,
+            "n_prefill_local": sum(
+                1 for i in state.instances.values() if i.cluster == "local" and i.role == "prefill"
+            ),
+            "draining": sorted(state.draining),
             "bandwidth_estimate_gbps": (
                 None if state.bandwidth_estimate is None else state.bandwidth_estimate * 8 / 1e9
             ),
+            "prefix_cache": None if state.cache is None else state.cache.stats(),
             "instances": [
                 {
                     "id": i.id,
@@ -557,6 +688,10 @@ async def _stats(request: web.Request) -> web.Response:
     )
 
 
+async def _scheduler(request: web.Request) -> web.Response:
+    return web.json_response(request.app[STATE].events)
+
+
 async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]]:
     state = RouterState(spec)
     app = web.Application(client_max_size=1 << 20, middlewares=[json_errors])
@@ -565,6 +700,7 @@ async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]
     app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/history", _history)
     app.router.add_get("/stats", _stats)
+    app.router.add_get("/scheduler", _scheduler)
     app.router.add_get("/health", health)
 
     async def _startup(_app: web.Application) -> None:
@@ -574,11 +710,13 @@ async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]
         )
         loop = asyncio.get_running_loop()
         app[HEALTH] = loop.create_task(state.watch_health())
-        if spec.scheduler is not None:
-            app[SCHEDULER] = loop.create_task(state.run_scheduler())
+        if state.control is not None:
+            app[SCHEDULER] = loop.create_task(state.control.run_short_term())
+            if state.control.long is not None:
+                app[LONG_TERM] = loop.create_task(state.control.run_long_term())
 
     async def _shutdown(_app: web.Application) -> None:
-        for key in (HEALTH, SCHEDULER):
+        for key in (HEALTH, SCHEDULER, LONG_TERM):
             task = app.get(key)
             if task is not None:
                 task.cancel()

@@ -22,6 +22,9 @@ class InstanceInfo(BaseModel):
     cluster: Literal["prfaas", "local"]
     role: Literal["prefill", "decode"]
     url: str
+    switchable: bool = False
+    """A role-switchable PD instance (services/pd.py): `url` is its base address; the router
+    serves the active role under PREFILL_PREFIX or DECODE_PREFIX."""
     kv_host: str | None = None
     kv_port: int | None = None
     kv_link_host: str | None = None
@@ -43,12 +46,17 @@ class SchedulerSpec(BaseModel):
     n_prefill: int
     interval_s: float = 1.0
     """Real-world seconds between samples of the PrfaaS senders."""
+    short_term: dict[str, Any] = Field(default_factory=dict)
+    """config.ShortTermConfig as JSON."""
+    long_term: dict[str, Any] | None = None
+    """config.LongTermConfig as JSON; None: no role conversion (the prfaas-nolongterm ablation)."""
+    n_local: int = 0
 
 
 class ServiceSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["router", "prefill", "decode"]
+    role: Literal["router", "prefill", "decode", "pd"]
     id: str
     cluster: Literal["prfaas", "local"] = "local"
     hardware: str = "h20x8"
@@ -64,10 +72,22 @@ class ServiceSpec(BaseModel):
     flush_interval_s: float = 0.05
     kv_timeout_s: float = 120.0
     """Wall seconds a decode instance waits for a request's KV before failing it."""
+    engine: Literal["emulated", "torch"] = "emulated"
+    """torch: prefill and decode run the tiny real model (testbed.services.torch_prefill /
+    torch_decode); the router sends token ids and records the generated ones."""
+    model_seed: int = 0
+    model_dtype: Literal["float32", "float64"] = "float32"
+    """The tiny model's weights seed and dtype: every process of a run must build the same."""
+    prompt_seed: int = 0
+    """engine: torch: the router draws each prompt from (prompt_seed, request id, length)."""
     unsafe_skip_kv_verify: bool = False
     """TEST-ONLY, never set by a scenario: decode admits requests without waiting for their KV
     or its checksums, so the chaos tests can show the no_unverified_decode and kv_accounted
     checkers catching a broken receiver (tests/chaos/test_broken_variants.py)."""
+    initial_role: Literal["prefill", "decode"] = "decode"
+    """pd only: the role a switchable PD instance serves first."""
+    role_switch_s: float = Field(5.0, ge=0)
+    """pd only: real-world seconds a role switch takes (see docs/scheduler.md)."""
     # router only
     policy: str = "prfaas-static"
     threshold_tokens: float | None = None
@@ -75,6 +95,9 @@ class ServiceSpec(BaseModel):
     request_timeout_s: float = 600.0
     scheduler: SchedulerSpec | None = None
     """Inputs of the short-term loop (policies that re-plan at run time)."""
+    prefix_cache_bytes: dict[Literal["prfaas", "local"], float] | None = None
+    """Real bytes of prefix cache per cluster for the global KVCache manager
+    (testbed.kvcache.manager); None: no prefix cache, every request prefills in full."""
 
 
 class RunClock:

@@ -669,7 +669,7 @@ class ComposeSubstrate:
         inst.ctl_ip = _ctl_ip(inst.container, self.networks["ctl"])
 
     def _handle(self, inst: _Instance) -> ServiceHandle:
-        kv = (inst.ip, KV_PORT) if inst.spec.role == "decode" else None
+        kv = (inst.ip, KV_PORT) if inst.spec.role in ("decode", "pd") else None
         if self.direct:
             url = f"http://{inst.ctl_ip}:{HTTP_PORT}"
         else:

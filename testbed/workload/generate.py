@@ -95,11 +95,15 @@ def generate_requests(
     duration_s: float,
     seed: int,
     trace_path: str | None = None,
+    shift_rate_rps: float | None = None,
 ) -> list[RequestSpec]:
     """The requests of one run, sorted by arrival, capped at `workload.max_requests`.
 
     `rate_rps` is the resolved mean arrival rate (the caller turns `arrivals.load` into a rate
-    with the planner); it is required unless the trace's own timestamps drive arrivals.
+    with the planner); it is required unless the trace's own timestamps drive arrivals. With
+    `workload.shift`, requests from `shift.at` on draw their lengths from `shift.lengths` and
+    arrive at `shift_rate_rps` (resolved the same way), from their own seeded streams, so the
+    part before the shift is the same as without it.
     """
     if duration_s < 0:
         raise ValueError(f"duration_s must not be negative, got {duration_s!r}")
@@ -129,9 +133,27 @@ def generate_requests(
                 for i, (t, r) in enumerate(zip(times, trace.requests, strict=False))
             ]
         else:
+            shift = workload.shift
+            if shift is not None and shift.at < duration_s:
+                times = times[times < shift.at]
             lengths = length_distribution(workload.lengths).sample(
                 np.random.default_rng(lengths_ss), len(times)
             )
+            if shift is not None and shift.at < duration_s:
+                if shift_rate_rps is None:
+                    raise ConfigError("workload.shift needs its arrival rate resolved")
+                shift_arrivals_ss, shift_lengths_ss = np.random.SeedSequence(seed).spawn(4)[2:]
+                later = shift.at + arrival_times(
+                    workload.arrivals,
+                    rate=shift_rate_rps,
+                    duration=duration_s - shift.at,
+                    rng=np.random.default_rng(shift_arrivals_ss),
+                )
+                later_lengths = length_distribution(shift.lengths).sample(
+                    np.random.default_rng(shift_lengths_ss), len(later)
+                )
+                times = np.concatenate([times, later])
+                lengths = np.concatenate([lengths, later_lengths])
             n_out = max(1, round(workload.output_tokens))
             specs = [
                 RequestSpec(request_id(i), float(t), max(1, round(float(n))), n_out)

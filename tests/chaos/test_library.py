@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.harness import LIBRARY, chaos_variant, run_variant
+from tests.chaos.harness import LIBRARY, TORCH_SCENARIOS, chaos_variant, run_variant
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 
@@ -28,6 +28,8 @@ EXPECTED = {
     "paper",
     "partition",
     "prefill-crash",
+    "real-model",
+    "traffic-shift",
 }
 
 
@@ -35,7 +37,10 @@ def test_library_is_complete() -> None:
     assert set(LIBRARY) >= EXPECTED
 
 
-@pytest.mark.parametrize("name", LIBRARY)
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.model) if n in TORCH_SCENARIOS else n for n in LIBRARY],
+)
 async def test_scenario_passes_its_checkers(name: str, tmp_path: Path) -> None:
     sc = chaos_variant(name)
     result = await run_variant(sc, tmp_path)

@@ -12,9 +12,12 @@ control path (the prefill's answer to the router), not inside the KV, as in real
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from testbed.engine.torch.codec import Buffer, decode_layers, encode_layer
 from testbed.engine.torch.kvstate import KVState
@@ -26,6 +29,15 @@ __all__ = ["LayerSink", "PrefillResult", "TorchDecodeEngine", "TorchPrefillEngin
 
 LayerSink = Callable[[int, bytes], Awaitable[None]]
 """Called with (layer index, serialized KV of that layer) in layer order."""
+
+_T = TypeVar("_T")
+
+
+async def _compute(executor: Executor | None, fn: Callable[[], _T]) -> _T:
+    """Run synchronous torch work inline, or on `executor` so the event loop stays free."""
+    if executor is None:
+        return fn()
+    return await asyncio.get_running_loop().run_in_executor(executor, fn)
 
 
 @dataclass
@@ -49,7 +61,12 @@ class PrefillResult:
 
 
 class TorchPrefillEngine:
-    """One prefill instance: a model, optionally a prefix cache and a pacer."""
+    """One prefill instance: a model, optionally a prefix cache and a pacer.
+
+    With an `executor` (a live service passes a one-thread pool), each layer's compute and
+    serialization run there, so the event loop keeps streaming earlier layers' KV meanwhile;
+    without one (verify-model, tests) they run inline.
+    """
 
     def __init__(
         self,
@@ -58,6 +75,7 @@ class TorchPrefillEngine:
         prefix_cache: TorchPrefixCache | None = None,
         pacer: CpuPacer | None = None,
         budget: ProfileBudget | None = None,
+        executor: Executor | None = None,
     ) -> None:
         if (pacer is None) != (budget is None):
             raise ValueError("a pacer needs a budget and vice versa")
@@ -65,6 +83,7 @@ class TorchPrefillEngine:
         self.prefix_cache = prefix_cache
         self.pacer = pacer
         self.budget = budget
+        self.executor = executor
 
     def layer_sizes(self, prompt_tokens: int, kv_start: int = 0) -> list[int]:
         """Wire bytes per layer a prefill of this length will emit (known before it starts)."""
@@ -83,11 +102,19 @@ class TorchPrefillEngine:
             raise ValueError(f"kv_start {kv_start} outside the prompt")
         layers: list[bytes] = []
         cfg = self.model.config
-        started = time.monotonic()
-        for layer in run:
+        steps = iter(run)
+
+        def next_layer() -> tuple[int, bytes] | None:
             # The layer's KV is final once the layer is done: serialize and hand it over now,
             # so its transfer overlaps with the remaining layers (layer-wise pipelining).
-            data = encode_layer(cfg, run.state, layer, kv_start, len(tokens))
+            layer = next(steps, None)
+            if layer is None:  # the iterator's tail computed the first token
+                return None
+            return layer, encode_layer(cfg, run.state, layer, kv_start, len(tokens))
+
+        started = time.monotonic()
+        while (item := await _compute(self.executor, next_layer)) is not None:
+            layer, data = item
             if self.pacer is not None and self.budget is not None:
                 await self.pacer.pace(
                     "prefill_layer", started, self.budget.prefill_layer_s(len(tokens) - cached)
@@ -99,7 +126,9 @@ class TorchPrefillEngine:
         assert run.first_token is not None
         result = PrefillResult(run.first_token, len(tokens), cached, kv_start, run.state, layers)
         if cache is not None:
-            result.blocks_cached = cache.store(tokens, run.state, run.snapshot)
+            result.blocks_cached = await _compute(
+                self.executor, lambda: cache.store(tokens, run.state, run.snapshot)
+            )
         return result
 
 

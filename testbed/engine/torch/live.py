@@ -1,0 +1,94 @@
+"""What the router, the runner and the checkers share to run `engine: torch` live; torch-free.
+
+A live run of the tiny model needs three things every process agrees on, without importing
+torch where it computes nothing (the router and the runner's planning step):
+
+- the model: `tiny_config(seed, dtype)`, so every prefill and decode process builds the same
+  weights (the KV header's fingerprint refuses KV from any other config);
+- the prompts: `prompt_ids(seed, request_id, n)` draws a request's token ids from (scenario seed,
+  request id, length) alone, so a run is reproducible and a checker can recompute, after the run,
+  exactly the prompt the router sent, and compare the generated tokens with a single-process
+  reference (`check_token_exact`);
+- one clear line when torch is missing (`require_torch`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from collections.abc import Sequence
+
+import numpy as np
+
+from testbed.engine.torch.config import TinyConfig
+from testbed.errors import UserError
+
+__all__ = [
+    "MODEL_EXTRA_HINT",
+    "check_live_run",
+    "ids_digest",
+    "prompt_ids",
+    "require_torch",
+    "tiny_config",
+]
+
+MODEL_EXTRA_HINT = (
+    "engine: torch needs torch, the optional model extra: "
+    "pip install 'prfaas-testbed[model]' (or run `make test` once, which installs it)"
+)
+
+
+def tiny_config(seed: int = 0, dtype: str = "float32") -> TinyConfig:
+    """The live model: TinyConfig defaults with the scenario's model seed and dtype."""
+    if dtype not in ("float32", "float64"):
+        raise ValueError(f"dtype must be float32 or float64, not {dtype!r}")
+    return TinyConfig(seed=seed, dtype=dtype)  # type: ignore[arg-type]
+
+
+def prompt_ids(seed: int, request_id: str, n_tokens: int, vocab_size: int) -> list[int]:
+    """The prompt of one request: n_tokens ids drawn from (seed, request id, length).
+
+    The request id is hashed (not parsed), so any id the router accepts works; the length is
+    part of the key so a replayed id with another length gets another prompt. PCG64 streams
+    are stable across numpy versions and platforms, so the checker recomputes the same ids.
+    """
+    if n_tokens < 1:
+        raise ValueError("a prompt needs at least one token")
+    key = int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=8).digest(), "little")
+    rng = np.random.default_rng(np.random.SeedSequence([seed & 0xFFFFFFFF, key, n_tokens]))
+    return [int(t) for t in rng.integers(0, vocab_size, n_tokens)]
+
+
+def ids_digest(ids: Sequence[int]) -> str:
+    """A short digest of token ids, recorded so a checker can confirm it rebuilt the same prompt."""
+    raw = b"".join(int(t).to_bytes(4, "little") for t in ids)
+    return hashlib.blake2b(raw, digest_size=8).hexdigest()
+
+
+def check_live_run(substrate: str, requests: Sequence[tuple[str, int, int]]) -> None:
+    """Refuse, with one line, a torch run that cannot work: another substrate, no torch, or a
+    request (id, input, output tokens) longer than the model's context (trace lengths are only
+    known once the trace is read, so the config check cannot catch them)."""
+    if substrate != "local":
+        raise UserError(
+            f"engine: torch runs on the local substrate only (the {substrate} images carry no "
+            "torch); use --substrate local"
+        )
+    require_torch()
+    ctx = TinyConfig().max_positions
+    for rid, n_in, n_out in requests:
+        if n_in + n_out > ctx:
+            raise UserError(
+                f"request {rid}: {n_in} prompt + {n_out} output tokens exceed the tiny model's "
+                f"context of {ctx} positions (engine: torch); shorten the workload"
+            )
+
+
+def require_torch() -> None:
+    """Raise a one-line UserError if torch cannot be imported (checked before anything starts)."""
+    try:
+        found = importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # a half-installed or deliberately blocked torch
+        found = False
+    if not found:
+        raise UserError(MODEL_EXTRA_HINT)

@@ -1,0 +1,244 @@
+"""The prefill worker with the tiny real model (`engine: torch`): same HTTP API and statistics as
+services/prefill.py, but the KV it streams is the model's real tensors, layer by layer.
+
+`POST /prefill` takes the prompt's token ids (`tokens`, sent by the router) besides the usual
+id and KV address. The transfer is sized with the real layer sizes (TinyConfig.layer_sizes, 1:1
+bytes, no byte_scale), `TorchPrefillEngine.run` computes each layer on a one-thread executor (so
+the event loop keeps streaming the layers already done, and serving /stats) and hands each
+serialized layer to the transfer as soon as it is final. The answer, sent once the KV is
+acknowledged, carries `first_token_id`: the first output token, computed here from the last
+prompt position, travels on the control path (router -> decode), never inside the KV.
+
+Kept apart from prefill.py so the emulated worker (and the features being added to it) stay
+untouched; torch is imported only in `create_app`, so importing this module needs no torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from testbed.engine.torch.live import tiny_config
+from testbed.engine.torch.pacing import CpuPacer, ProfileBudget
+from testbed.profiles import MODELS
+from testbed.services.spec import RunClock, ServiceSpec
+from testbed.services.validate import (
+    BadRequest,
+    health,
+    int_field,
+    json_body,
+    json_errors,
+    str_field,
+)
+from testbed.transfer.errors import TransferError
+from testbed.transfer.sender import KVSender
+
+if TYPE_CHECKING:
+    from testbed.engine.torch.engine import TorchPrefillEngine
+
+__all__ = ["create_app"]
+
+MAX_PROMPT_TOKENS = 1 << 16
+"""Refused before torch sees it; the model's own context (4096) is checked by the engine."""
+
+
+@dataclass
+class TorchPrefillJob:
+    id: str
+    tokens: list[int]
+    target: tuple[str, int]
+    result: asyncio.Future[dict[str, Any]]
+    times: dict[str, float] = field(default_factory=dict)
+    first_token: int | None = None
+
+
+class TorchPrefillState:
+    """One instance: a FIFO of prefills on one model, KV senders per decode address."""
+
+    def __init__(self, spec: ServiceSpec, engine: TorchPrefillEngine) -> None:
+        self.spec = spec
+        self.clock = RunClock(spec.t0, spec.time_scale)
+        self.engine = engine
+        self.config = engine.model.config
+        self.queue: asyncio.Queue[TorchPrefillJob] = asyncio.Queue()
+        self.senders: dict[tuple[str, int], KVSender] = {}
+        self.running: TorchPrefillJob | None = None
+        self.queued_tokens = 0
+        self.transfers: set[asyncio.Task[None]] = set()
+        self.completed = 0
+        self.failed = 0
+
+    async def sender(self, target: tuple[str, int]) -> KVSender:
+        s = self.senders.get(target)
+        if s is not None and s.unreachable is not None:
+            # The receiver was down; it may be back on the same port: connect afresh.
+            del self.senders[target]
+            await s.aclose()
+            s = None
+        if s is None:
+            s = KVSender(target[0], target[1], connections=self.spec.connections, max_retries=2)
+            self.senders[target] = s
+            await s.start()
+        return s
+
+    async def worker(self) -> None:
+        """One prefill at a time, in arrival order."""
+        while True:
+            job = await self.queue.get()
+            self.running = job
+            try:
+                await self._prefill(job)
+            except Exception as exc:  # a broken job must not stop the instance
+                if not job.result.done():
+                    job.result.set_result({"error": f"prefill failed: {exc!r}"})
+            finally:
+                self.queued_tokens -= len(job.tokens)
+                self.running = None
+
+    async def _prefill(self, job: TorchPrefillJob) -> None:
+        sizes = self.config.layer_sizes(0, len(job.tokens))
+        layers: asyncio.Queue[tuple[int, bytes] | None] = asyncio.Queue()
+        job.times["prefill_start"] = self.clock.real()
+        transfer = asyncio.get_running_loop().create_task(self._transfer(job, sizes, layers))
+        self.transfers.add(transfer)
+        transfer.add_done_callback(self.transfers.discard)
+
+        async def on_layer(layer: int, data: bytes) -> None:
+            layers.put_nowait((layer, data))
+
+        try:
+            result = await self.engine.run(job.tokens, on_layer)
+            job.first_token = result.first_token
+            job.times["prefill_end"] = self.clock.real()
+        finally:
+            layers.put_nowait(None)  # after first_token: the transfer reads it at the sentinel
+
+    async def _transfer(
+        self,
+        job: TorchPrefillJob,
+        sizes: list[int],
+        layers: asyncio.Queue[tuple[int, bytes] | None],
+    ) -> None:
+        sent = 0
+        try:
+            sender = await self.sender(job.target)
+            async with sender.open(job.id, sizes) as tx:
+                while (item := await layers.get()) is not None:
+                    layer, data = item
+                    if "transfer_start" not in job.times:
+                        job.times["transfer_start"] = self.clock.real()
+                    await tx.send_layer(layer, data)
+                    sent += len(data)
+                if job.first_token is None:  # the prefill broke: abort, never half a KV
+                    raise RuntimeError("prefill did not finish")
+            job.times["transfer_end"] = self.clock.real()
+            self.completed += 1
+            if not job.result.done():
+                job.result.set_result(
+                    {**job.times, "kv_wire_bytes_sent": sent, "first_token_id": job.first_token}
+                )
+        except (TransferError, OSError, TimeoutError, RuntimeError) as exc:
+            self.failed += 1
+            reason = exc.reason if isinstance(exc, TransferError) else repr(exc)
+            if not job.result.done():
+                job.result.set_result(
+                    {**job.times, "kv_wire_bytes_sent": sent, "error": f"kv transfer: {reason}"}
+                )
+
+
+STATE = web.AppKey("state", TorchPrefillState)
+
+
+def _token_ids(body: dict[str, Any], vocab: int) -> list[int]:
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not 1 <= len(tokens) <= MAX_PROMPT_TOKENS:
+        raise BadRequest("tokens must be a non-empty list of token ids (engine: torch)")
+    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens):
+        raise BadRequest(f"token ids must be integers in 0..{vocab - 1}")
+    return tokens
+
+
+async def _prefill(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    body = await json_body(request)
+    rid = str_field(body, "id", 64)
+    tokens = _token_ids(body, state.config.vocab_size)
+    target = (str_field(body, "kv_host", 255), int_field(body, "kv_port", 1, 65535))
+    job = TorchPrefillJob(rid, tokens, target, asyncio.get_running_loop().create_future())
+    state.queued_tokens += len(tokens)
+    state.queue.put_nowait(job)
+    result = await job.result
+    return web.json_response(result, status=200 if "error" not in result else 502)
+
+
+async def _stats(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    senders = [s.stats() for s in state.senders.values()]
+    pacer = state.engine.pacer
+    return web.json_response(
+        {
+            "id": state.spec.id,
+            "role": "prefill",
+            "engine_kind": "torch",
+            "cluster": state.spec.cluster,
+            "queued": state.queue.qsize(),
+            "running": state.running is not None,
+            "queued_tokens": state.queued_tokens,
+            "transfers_in_flight": len(state.transfers),
+            "completed": state.completed,
+            "failed": state.failed,
+            "egress_bytes_per_s": sum(s.egress_rate_ewma for s in senders),
+            "in_flight_bytes": sum(s.inflight_bytes for s in senders),
+            "bytes_sent": sum(s.bytes_sent for s in senders),
+            "stall_s": sum(s.stall_s for s in senders),
+            "bytes_acked": sum(s.bytes_acked for s in senders),
+            "queued_bytes": sum(s.queued_bytes for s in senders),
+            "engine": pacer.stats() if pacer is not None else {},
+        }
+    )
+
+
+def build_engine(spec: ServiceSpec, executor: ThreadPoolExecutor) -> TorchPrefillEngine:
+    """The instance's model, paced to the spec's profile on its hardware / time_scale."""
+    import torch
+
+    from testbed.engine.torch.engine import TorchPrefillEngine
+    from testbed.engine.torch.model import TinyHybridLM
+
+    # The tiny model is per-op overhead: extra intra-op threads only spin against the event
+    # loop for the same cores. This process is ours, so it is set here, never at import.
+    torch.set_num_threads(1)
+    model = TinyHybridLM(tiny_config(spec.model_seed, spec.model_dtype))
+    budget = ProfileBudget(MODELS[spec.model], spec.hardware, spec.hardware, model.config.n_layers)
+    return TorchPrefillEngine(
+        model, pacer=CpuPacer(spec.time_scale), budget=budget, executor=executor
+    )
+
+
+async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]]:
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"torch-{spec.id}")
+    state = TorchPrefillState(spec, build_engine(spec, executor))
+    app = web.Application(client_max_size=4 << 20, middlewares=[json_errors])
+    app[STATE] = state
+    app.router.add_post("/prefill", _prefill)
+    app.router.add_get("/stats", _stats)
+    app.router.add_get("/health", health)
+    worker = asyncio.get_running_loop().create_task(state.worker())
+
+    async def _shutdown(_app: web.Application) -> None:
+        worker.cancel()
+        for t in list(state.transfers):
+            t.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await worker
+        for s in state.senders.values():
+            await s.aclose()
+        executor.shutdown(wait=False, cancel_futures=True)
+
+    app.on_cleanup.append(_shutdown)
+    return app, {}
