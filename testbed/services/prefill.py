@@ -24,7 +24,7 @@ from testbed.services.spec import RunClock, ServiceSpec
 from testbed.services.validate import health, int_field, json_body, json_errors, str_field
 from testbed.transfer.errors import TransferError
 from testbed.transfer.payload import PayloadSource
-from testbed.transfer.sender import KVSender
+from testbed.transfer.sender import KVSender, pooled_sender
 
 __all__ = ["create_app"]
 
@@ -59,18 +59,7 @@ class PrefillState:
         self.failed = 0
 
     async def sender(self, target: tuple[str, int]) -> KVSender:
-        s = self.senders.get(target)
-        if s is not None and s.unreachable is not None:
-            # The receiver was down (a killed decode instance); it may be back (restarted on
-            # the same port), so connect afresh rather than fail fast on the old verdict.
-            del self.senders[target]
-            await s.aclose()
-            s = None
-        if s is None:
-            s = KVSender(target[0], target[1], connections=self.spec.connections, max_retries=2)
-            self.senders[target] = s
-            await s.start()
-        return s
+        return await pooled_sender(self.senders, target, self.spec.connections)
 
     async def worker(self) -> None:
         """One prefill at a time, in arrival order."""

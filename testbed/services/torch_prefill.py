@@ -36,7 +36,7 @@ from testbed.services.validate import (
     str_field,
 )
 from testbed.transfer.errors import TransferError
-from testbed.transfer.sender import KVSender
+from testbed.transfer.sender import KVSender, pooled_sender
 
 if TYPE_CHECKING:
     from testbed.engine.torch.engine import TorchPrefillEngine
@@ -74,17 +74,7 @@ class TorchPrefillState:
         self.failed = 0
 
     async def sender(self, target: tuple[str, int]) -> KVSender:
-        s = self.senders.get(target)
-        if s is not None and s.unreachable is not None:
-            # The receiver was down; it may be back on the same port: connect afresh.
-            del self.senders[target]
-            await s.aclose()
-            s = None
-        if s is None:
-            s = KVSender(target[0], target[1], connections=self.spec.connections, max_retries=2)
-            self.senders[target] = s
-            await s.start()
-        return s
+        return await pooled_sender(self.senders, target, self.spec.connections)
 
     async def worker(self) -> None:
         """One prefill at a time, in arrival order."""

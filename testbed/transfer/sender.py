@@ -55,7 +55,7 @@ from testbed.transfer.wire import (
     read_frame,
 )
 
-__all__ = ["KVSender", "KVTransmission", "SenderStats", "TransferResult"]
+__all__ = ["KVSender", "KVTransmission", "SenderStats", "TransferResult", "pooled_sender"]
 
 log = logging.getLogger(__name__)
 
@@ -838,3 +838,23 @@ def _describe(errors: Iterable[BaseException]) -> str:
             log.error("unexpected error on a KV connection", exc_info=exc)
             parts.append(f"{type(exc).__name__}: {exc}")
     return "; ".join(parts) or "connection closed"
+
+
+async def pooled_sender(
+    senders: dict[tuple[str, int], KVSender], target: tuple[str, int], connections: int
+) -> KVSender:
+    """The started sender to `target` from a prefill worker's pool, made on first use.
+
+    A sender whose receiver was found down (a killed decode instance) is replaced: the receiver
+    may be back, restarted on the same port, so connect afresh rather than fail fast on the old
+    verdict."""
+    s = senders.get(target)
+    if s is not None and s.unreachable is not None:
+        del senders[target]
+        await s.aclose()
+        s = None
+    if s is None:
+        s = KVSender(target[0], target[1], connections=connections, max_retries=2)
+        senders[target] = s
+        await s.start()
+    return s
