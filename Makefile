@@ -19,7 +19,7 @@ help:
 	@echo "make test                run the test suite (what CI runs)"
 	@echo "make images              build the compose substrate's images (cached)"
 	@echo "make down                remove every container/network/volume compose runs made"
-	@echo "make chaos               short versions of every scenario with faults (pytest -m chaos)"
+	@echo "make chaos               short versions of every scenario with faults (pytest -m 'chaos and not model')"
 	@echo "make lint                ruff + mypy"
 	@echo "make bench               run the bench/ scripts and print their figures"
 	@echo "make clean               remove .venv, results/ and caches"
@@ -42,7 +42,7 @@ test: $(MODEL_STAMP)
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not chaos and not compose"
+	$(BIN)/python -m pytest -q -m "not slow and not chaos and not compose and not model"
 
 chaos: $(STAMP)
 	$(BIN)/python -m pytest -q -m "chaos and not model"
