@@ -26,11 +26,11 @@ except ImportError as exc:
 
 from testbed.config import load_scenario
 from testbed.engine.torch import live
-from testbed.engine.torch.flip_proxy import FlipProxy
 from testbed.engine.torch.model import TinyHybridLM, generate
 from testbed.scenario.runner import RunOptions, prepare_run, run_scenario
 from testbed.services.spec import InstanceInfo, ServiceSpec
 from testbed.substrate.local import LocalService, start_service, stop_services
+from testbed.transfer.fault_proxy import FaultProxy
 
 pytestmark = pytest.mark.model
 
@@ -136,13 +136,13 @@ async def test_flipped_kv_byte_is_caught_and_never_decoded(tmp_path: Path) -> No
     async with _services(tmp_path, decode_seed=0, connections=1) as (prefill, decode):
         rid, n_in, n_out = "q-flip", 80, 8
         # the stream of the one connection: OPEN frame, then layer 0's first DATA frame
-        async with FlipProxy(decode.ports["kv"], 48 + len(rid) + 100) as flip:
+        async with FaultProxy(decode.ports["kv"], flip_at=48 + len(rid) + 100) as flip:
             router = await _router(tmp_path, prefill, decode, flip.port)
             try:
                 rec = await _generate(router, rid, n_in, n_out)
             finally:
                 await stop_services([router])
-            assert flip.flips == 1
+            assert flip.flips_done == 1
         stats = await _stats(decode)
         assert stats["kv_checksum_failures"] >= 1
         assert rec["status"] == "completed", rec["failure_reason"]

@@ -18,10 +18,10 @@ except ImportError as exc:
     ) from exc
 
 from testbed.engine.torch import TinyConfig, TinyHybridLM, TorchDecodeEngine, TorchPrefillEngine
-from testbed.engine.torch.flip_proxy import FlipProxy
 from testbed.engine.torch.model import generate
 from testbed.engine.torch.verify import VerifyOptions, run_verify
 from testbed.transfer import KVReceiver, KVSender, TransferError
+from testbed.transfer.fault_proxy import FaultProxy
 
 pytestmark = pytest.mark.model
 
@@ -54,7 +54,7 @@ async def test_flipped_byte_fails_the_request_with_a_reason_and_nothing_is_decod
     res = await TorchPrefillEngine(model).run(prompt)
     async with KVReceiver(keep_payload=True, frame_timeout=5.0) as rx:
         async with (
-            FlipProxy(rx.port, flip_at=48 + 3 + 100) as flip,
+            FaultProxy(rx.port, flip_at=48 + 3 + 100) as flip,
             KVSender("127.0.0.1", flip.port, connections=1, max_retries=0) as sender,
         ):
             with pytest.raises(TransferError, match=r"(?i)checksum"):
@@ -62,7 +62,7 @@ async def test_flipped_byte_fails_the_request_with_a_reason_and_nothing_is_decod
                     for i, data in enumerate(res.layers):
                         await tx.send_layer(i, data)
                     await tx.finish(timeout=10)
-        assert flip.flips == 1
+        assert flip.flips_done == 1
         assert rx.status("bad") == "failed"
         with pytest.raises(TransferError):
             await rx.wait("bad", 1)

@@ -196,38 +196,29 @@ def write_timeline(
         ax_t.set_ylim(bottom=0)
         ax_t.set_ylabel("t (K tokens)")
     for e in history:
-        if e.kind != "split":
-            continue
-        for ax in axes:
-            ax.axvline(e.t, color="darkgreen", linestyle="--", linewidth=1.2)
-        ax_q.annotate(
-            f"PD {e.data.get('n_prefill')}/{e.data.get('n_decode')}",
-            (e.t, 1.0),
-            xycoords=("data", "axes fraction"),
-            xytext=(2, -10),
-            textcoords="offset points",
-            fontsize=8,
-            color="darkgreen",
-        )
-
-    # Faults through every panel, labelled once at the top.
-    for e in history:
-        if e.kind != "fault":
-            continue
-        for ax in axes:
-            ax.axvline(e.t, color="crimson", linestyle=":", linewidth=1.2)
-        ax_arr.annotate(
-            str(e.data.get("action", "fault")),
-            (e.t, 1.0),
-            xycoords=("data", "axes fraction"),
-            xytext=(2, -10),
-            textcoords="offset points",
-            fontsize=8,
-            color="crimson",
-        )
+        if e.kind == "split":
+            label = f"PD {e.data.get('n_prefill')}/{e.data.get('n_decode')}"
+            _mark(axes, ax_q, e.t, label, "darkgreen", "--")
+        elif e.kind == "fault":  # through every panel, labelled once at the top
+            _mark(axes, ax_arr, e.t, str(e.data.get("action", "fault")), "crimson", ":")
 
     for ax in axes:
         ax.grid(True, alpha=0.3)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     return path
+
+
+def _mark(axes: Sequence[Any], labelled: Any, t: float, label: str, color: str, style: str) -> None:
+    """A vertical line at `t` through every panel, labelled at the top of one."""
+    for ax in axes:
+        ax.axvline(t, color=color, linestyle=style, linewidth=1.2)
+    labelled.annotate(
+        label,
+        (t, 1.0),
+        xycoords=("data", "axes fraction"),
+        xytext=(2, -10),
+        textcoords="offset points",
+        fontsize=8,
+        color=color,
+    )

@@ -22,6 +22,8 @@ from testbed.policy.static import _route
 class Prfaas:
     name: str = "prfaas"
     cache_aware: bool = True
+    long_term: bool = True
+    """The router also runs the long-term loop (role conversion) for this policy."""
 
     def decide(self, request: RequestView, snapshot: Snapshot) -> Route:
         t = snapshot.threshold_tokens
@@ -63,7 +65,7 @@ class PrfaasNoCache(Prfaas):
 @dataclass(frozen=True)
 class PrfaasNoLongTerm(Prfaas):
     """`prfaas` without the long-term loop: the PD split stays as started (the ablation that
-    shows what role conversion buys). The routing rule is the same; the router reads the
-    difference from the policy name (see scenario.runner.LONG_TERM_POLICIES)."""
+    shows what role conversion buys). The routing rule is the same."""
 
     name: str = "prfaas-nolongterm"
+    long_term: bool = False

@@ -49,7 +49,7 @@ __all__ = ["RunOptions", "RunResult", "prepare_run", "run_scenario"]
 
 THRESHOLD_POLICIES = ("prfaas-static", "prfaas", "prfaas-nocache", "prfaas-nolongterm")
 RE_PLANNING_POLICIES = ("prfaas", "prfaas-nocache", "prfaas-nolongterm")
-LONG_TERM_POLICIES = ("prfaas", "prfaas-nocache")
+LONG_TERM_POLICIES = tuple(n for n, cls in POLICIES.items() if getattr(cls, "long_term", False))
 """Policies whose router also runs the long-term loop (local PD instances are role-switchable)."""
 """Policies whose threshold the router's short-term loop re-plans while the run goes on."""
 SAMPLE_INTERVAL_S = 0.25

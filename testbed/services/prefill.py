@@ -10,7 +10,6 @@ lifecycle times in real-world seconds.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,11 +19,11 @@ from aiohttp import web
 from testbed.engine.emulated import PrefillEngine, wire_layer_bytes
 from testbed.profiles import MODELS
 from testbed.services import cache_pull
-from testbed.services.spec import RunClock, ServiceSpec
+from testbed.services.prefill_queue import PrefillQueue
+from testbed.services.spec import ServiceSpec
 from testbed.services.validate import health, int_field, json_body, json_errors, str_field
 from testbed.transfer.errors import TransferError
 from testbed.transfer.payload import PayloadSource
-from testbed.transfer.sender import KVSender, pooled_sender
 
 __all__ = ["create_app"]
 
@@ -42,47 +41,23 @@ class PrefillJob:
     side already holds part of the prompt, or needs a cached part this prefill skipped)."""
 
 
-class PrefillState:
+class PrefillState(PrefillQueue[PrefillJob]):
     def __init__(self, spec: ServiceSpec) -> None:
-        self.spec = spec
-        self.clock = RunClock(spec.t0, spec.time_scale)
+        super().__init__(spec)
         self.engine = PrefillEngine(
             MODELS[spec.model], spec.hardware, spec.time_scale, spec.byte_scale
         )
-        self.queue: asyncio.Queue[PrefillJob] = asyncio.Queue()
-        self.senders: dict[tuple[str, int], KVSender] = {}
         self.payload = PayloadSource(seed=hash(spec.id) & 0xFFFF)
-        self.running: PrefillJob | None = None
-        self.queued_tokens = 0
-        self.transfers: set[asyncio.Task[None]] = set()
-        self.completed = 0
-        self.failed = 0
 
-    async def sender(self, target: tuple[str, int]) -> KVSender:
-        return await pooled_sender(self.senders, target, self.spec.connections)
+    def job_tokens(self, job: PrefillJob) -> int:
+        return job.uncached_tokens
 
-    async def worker(self) -> None:
-        """One prefill at a time, in arrival order."""
-        while True:
-            job = await self.queue.get()
-            self.running = job
-            try:
-                await self._prefill(job)
-            except Exception as exc:  # a broken job must not stop the instance
-                if not job.result.done():
-                    job.result.set_result({"error": f"prefill failed: {exc!r}"})
-            finally:
-                self.queued_tokens -= job.uncached_tokens
-                self.running = None
-
-    async def _prefill(self, job: PrefillJob) -> None:
+    async def prefill(self, job: PrefillJob) -> None:
         kv_tokens = job.uncached_tokens if job.kv_tokens is None else job.kv_tokens
         sizes = wire_layer_bytes(self.engine.model, kv_tokens, self.spec.byte_scale)
         layers: asyncio.Queue[tuple[int, int] | None] = asyncio.Queue()
         job.times["prefill_start"] = self.clock.real()
-        transfer = asyncio.get_running_loop().create_task(self._transfer(job, sizes, layers))
-        self.transfers.add(transfer)
-        transfer.add_done_callback(self.transfers.discard)
+        self.track(asyncio.get_running_loop().create_task(self._transfer(job, sizes, layers)))
 
         async def on_layer(layer: int, nbytes: int) -> None:
             layers.put_nowait((layer, sizes[layer]))  # the layer's KV as decode needs it
@@ -134,35 +109,14 @@ async def _prefill(request: web.Request) -> web.Response:
     if "kv_tokens" in body:
         job.kv_tokens = int_field(body, "kv_tokens", 1, 10_000_000)
     job.queued_at = state.clock.real()
-    state.queued_tokens += tokens
-    state.queue.put_nowait(job)
+    state.submit(job)
     result = await job.result
     return web.json_response(result, status=200 if "error" not in result else 502)
 
 
 async def _stats(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    senders = [s.stats() for s in state.senders.values()]
-    return web.json_response(
-        {
-            "id": state.spec.id,
-            "role": "prefill",
-            "cluster": state.spec.cluster,
-            "queued": state.queue.qsize(),
-            "running": state.running is not None,
-            "queued_tokens": state.queued_tokens,
-            "transfers_in_flight": len(state.transfers),
-            "completed": state.completed,
-            "failed": state.failed,
-            "egress_bytes_per_s": sum(s.egress_rate_ewma for s in senders),
-            "in_flight_bytes": sum(s.inflight_bytes for s in senders),
-            "bytes_sent": sum(s.bytes_sent for s in senders),
-            "stall_s": sum(s.stall_s for s in senders),
-            "bytes_acked": sum(s.bytes_acked for s in senders),
-            "queued_bytes": sum(s.queued_bytes for s in senders),
-            "engine": state.engine.timing.stats(),
-        }
-    )
+    return web.json_response({**state.queue_stats(), "engine": state.engine.timing.stats()})
 
 
 async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]]:
@@ -176,13 +130,7 @@ async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]
     worker = asyncio.get_running_loop().create_task(state.worker())
 
     async def _shutdown(_app: web.Application) -> None:
-        worker.cancel()
-        for t in list(state.transfers):
-            t.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await worker
-        for s in state.senders.values():
-            await s.aclose()
+        await state.aclose(worker)
 
     app.on_cleanup.append(_shutdown)
     return app, {}

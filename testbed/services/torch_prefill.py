@@ -16,7 +16,6 @@ untouched; torch is imported only in `create_app`, so importing this module need
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,7 +25,8 @@ from aiohttp import web
 from testbed.engine.torch.live import tiny_config
 from testbed.engine.torch.pacing import CpuPacer, ProfileBudget
 from testbed.profiles import MODELS
-from testbed.services.spec import RunClock, ServiceSpec
+from testbed.services.prefill_queue import PrefillQueue
+from testbed.services.spec import ServiceSpec
 from testbed.services.validate import (
     BadRequest,
     health,
@@ -36,7 +36,6 @@ from testbed.services.validate import (
     str_field,
 )
 from testbed.transfer.errors import TransferError
-from testbed.transfer.sender import KVSender, pooled_sender
 
 if TYPE_CHECKING:
     from testbed.engine.torch.engine import TorchPrefillEngine
@@ -57,46 +56,22 @@ class TorchPrefillJob:
     first_token: int | None = None
 
 
-class TorchPrefillState:
+class TorchPrefillState(PrefillQueue[TorchPrefillJob]):
     """One instance: a FIFO of prefills on one model, KV senders per decode address."""
 
     def __init__(self, spec: ServiceSpec, engine: TorchPrefillEngine) -> None:
-        self.spec = spec
-        self.clock = RunClock(spec.t0, spec.time_scale)
+        super().__init__(spec)
         self.engine = engine
         self.config = engine.model.config
-        self.queue: asyncio.Queue[TorchPrefillJob] = asyncio.Queue()
-        self.senders: dict[tuple[str, int], KVSender] = {}
-        self.running: TorchPrefillJob | None = None
-        self.queued_tokens = 0
-        self.transfers: set[asyncio.Task[None]] = set()
-        self.completed = 0
-        self.failed = 0
 
-    async def sender(self, target: tuple[str, int]) -> KVSender:
-        return await pooled_sender(self.senders, target, self.spec.connections)
+    def job_tokens(self, job: TorchPrefillJob) -> int:
+        return len(job.tokens)
 
-    async def worker(self) -> None:
-        """One prefill at a time, in arrival order."""
-        while True:
-            job = await self.queue.get()
-            self.running = job
-            try:
-                await self._prefill(job)
-            except Exception as exc:  # a broken job must not stop the instance
-                if not job.result.done():
-                    job.result.set_result({"error": f"prefill failed: {exc!r}"})
-            finally:
-                self.queued_tokens -= len(job.tokens)
-                self.running = None
-
-    async def _prefill(self, job: TorchPrefillJob) -> None:
+    async def prefill(self, job: TorchPrefillJob) -> None:
         sizes = self.config.layer_sizes(0, len(job.tokens))
         layers: asyncio.Queue[tuple[int, bytes] | None] = asyncio.Queue()
         job.times["prefill_start"] = self.clock.real()
-        transfer = asyncio.get_running_loop().create_task(self._transfer(job, sizes, layers))
-        self.transfers.add(transfer)
-        transfer.add_done_callback(self.transfers.discard)
+        self.track(asyncio.get_running_loop().create_task(self._transfer(job, sizes, layers)))
 
         async def on_layer(layer: int, data: bytes) -> None:
             layers.put_nowait((layer, data))
@@ -160,34 +135,18 @@ async def _prefill(request: web.Request) -> web.Response:
     tokens = _token_ids(body, state.config.vocab_size)
     target = (str_field(body, "kv_host", 255), int_field(body, "kv_port", 1, 65535))
     job = TorchPrefillJob(rid, tokens, target, asyncio.get_running_loop().create_future())
-    state.queued_tokens += len(tokens)
-    state.queue.put_nowait(job)
+    state.submit(job)
     result = await job.result
     return web.json_response(result, status=200 if "error" not in result else 502)
 
 
 async def _stats(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    senders = [s.stats() for s in state.senders.values()]
     pacer = state.engine.pacer
     return web.json_response(
         {
-            "id": state.spec.id,
-            "role": "prefill",
+            **state.queue_stats(),
             "engine_kind": "torch",
-            "cluster": state.spec.cluster,
-            "queued": state.queue.qsize(),
-            "running": state.running is not None,
-            "queued_tokens": state.queued_tokens,
-            "transfers_in_flight": len(state.transfers),
-            "completed": state.completed,
-            "failed": state.failed,
-            "egress_bytes_per_s": sum(s.egress_rate_ewma for s in senders),
-            "in_flight_bytes": sum(s.inflight_bytes for s in senders),
-            "bytes_sent": sum(s.bytes_sent for s in senders),
-            "stall_s": sum(s.stall_s for s in senders),
-            "bytes_acked": sum(s.bytes_acked for s in senders),
-            "queued_bytes": sum(s.queued_bytes for s in senders),
             "engine": pacer.stats() if pacer is not None else {},
         }
     )
@@ -221,13 +180,7 @@ async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]
     worker = asyncio.get_running_loop().create_task(state.worker())
 
     async def _shutdown(_app: web.Application) -> None:
-        worker.cancel()
-        for t in list(state.transfers):
-            t.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await worker
-        for s in state.senders.values():
-            await s.aclose()
+        await state.aclose(worker)
         executor.shutdown(wait=False, cancel_futures=True)
 
     app.on_cleanup.append(_shutdown)

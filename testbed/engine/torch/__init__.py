@@ -2,7 +2,7 @@
 the same transfer path as the emulated engine's bytes, to show that path is lossless.
 
 The modules that compute import torch (the optional `model` extra); `config`, `pacing` and
-`flip_proxy` do not, and this package's names load lazily, so sizing KV or pacing steps works
+`live` do not, and this package's names load lazily, so sizing KV or pacing steps works
 without torch. Nothing outside this package imports torch at import time.
 
 The package is named `torch` after the engine kind (`engine: torch`); every module uses absolute
@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # real types for checkers; at run time names load on first us
     from testbed.engine.torch.prefix import PrefixHit, TorchPrefixCache, block_hash_ids
 
 # Public names -> defining module, resolved on first use (PEP 562), so `config`, `pacing` and
-# `flip_proxy`, which do not need torch, import without it.
+# `live`, which do not need torch, import without it.
 _EXPORTS = {
     "CpuPacer": "pacing",
     "KVFormatError": "codec",

@@ -32,7 +32,6 @@ from typing import Any
 
 from testbed.engine.torch.config import TinyConfig
 from testbed.engine.torch.engine import PrefillResult, TorchDecodeEngine, TorchPrefillEngine
-from testbed.engine.torch.flip_proxy import FlipProxy
 from testbed.engine.torch.model import TinyHybridLM, generate
 from testbed.engine.torch.pacing import CpuPacer, ProfileBudget
 from testbed.engine.torch.prefix import TorchPrefixCache
@@ -40,6 +39,7 @@ from testbed.link.client import LinkClient
 from testbed.link.server import start_link_server
 from testbed.profiles import MODELS
 from testbed.transfer.errors import TransferError
+from testbed.transfer.fault_proxy import FaultProxy
 from testbed.transfer.receiver import KVReceiver
 from testbed.transfer.sender import KVSender
 from testbed.units import format_bandwidth
@@ -273,7 +273,7 @@ class _Harness:
         first_payload = min(res.layer_sizes[0], self.opts.chunk_size)
         flip_at = 48 + len(rid.encode()) + rng.randrange(first_payload)
         async with (
-            FlipProxy(self.main_port, flip_at) as flip,
+            FaultProxy(self.main_port, flip_at=flip_at) as flip,
             KVSender(
                 "127.0.0.1", flip.port, connections=1, chunk_size=self.opts.chunk_size,
                 max_retries=0, ack_timeout=5.0,
@@ -287,7 +287,7 @@ class _Harness:
                 self.counts.fail(f"{rid}: corrupted transfer reported success")
                 self.rx.discard(rid)
                 return False
-        caught = "checksum" in reason.lower() and flip.flips == 1
+        caught = "checksum" in reason.lower() and flip.flips_done == 1
         caught = caught and self.rx.status(rid) == "failed"
         try:
             self.rx.take_payload(rid)
