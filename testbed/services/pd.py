@@ -129,7 +129,8 @@ async def _set_role(request: web.Request) -> web.Response:
 
 
 async def _stats(request: web.Request) -> web.Response:
-    """The active role's engine stats, both roles' timing under `engine` merged by step count."""
+    """Both roles' engine timing (`prefill_engine`, `decode_engine`); `engine`, which the report
+    lists per instance, is the one of the role that ran more steps."""
     state = request.app[STATE]
     p = state.prefill.engine.timing.stats()
     d = state.decode.batcher.timing.stats()
