@@ -1,0 +1,58 @@
+"""`make test-fast` and `make chaos` collect cleanly without torch, and `make test` still fails
+loudly when torch is missing (tests/conftest.py). torch is blocked in a child pytest, so these
+run the same whether or not this venv has the model extra."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import model_tests_selected
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _collect(*args: str) -> subprocess.CompletedProcess[str]:
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import pytest\n"
+        f"sys.exit(pytest.main({['--collect-only', '-q', '-p', 'no:cacheprovider', *args]!r}))\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+
+
+@pytest.mark.parametrize(
+    "markexpr",
+    ["not slow and not chaos and not compose and not model", "chaos and not model"],
+)
+def test_fast_and_chaos_selections_collect_without_torch(markexpr: str) -> None:
+    out = _collect("-m", markexpr, "tests")  # as the Makefile targets do: the whole directory
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ERROR collecting" not in out.stdout, out.stdout
+    assert "tests collected" in out.stdout
+
+
+def test_fast_selection_keeps_the_torch_free_guard() -> None:
+    out = _collect("-m", "not slow and not chaos and not compose and not model", "tests")
+    assert "test_torch_optional.py::" in out.stdout
+
+
+@pytest.mark.parametrize("args", [[], ["-m", "model"]])
+def test_model_selection_without_torch_fails_loudly(args: list[str]) -> None:
+    out = _collect(*args, "tests/test_torch_model.py")
+    assert out.returncode not in (0, 5), out.stdout
+    assert "need torch" in out.stdout + out.stderr
+
+
+def test_marker_expression_reading() -> None:
+    assert model_tests_selected("")
+    assert model_tests_selected("model")
+    assert model_tests_selected("slow or model")
+    assert not model_tests_selected("not model")
+    assert not model_tests_selected("chaos and not model")
+    assert not model_tests_selected("not slow and not chaos and not compose and not model")
