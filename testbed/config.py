@@ -140,7 +140,7 @@ class TinyModelConfig(_Model):
     """The tiny real model of `engine: torch` (testbed.engine.torch): the seed fixes every
     weight, so every prefill and decode process of a run builds the same model."""
 
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, lt=2**63)
     dtype: Literal["float32", "float64"] = "float32"
 
 
@@ -491,7 +491,7 @@ class Scenario(_Model):
 
     name: str = ""
     description: str = ""
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**63)
     duration: PositiveDuration = 60.0
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
     deployments: dict[str, DeploymentConfig] = Field(min_length=1)
@@ -565,16 +565,31 @@ def _is_union_tag(part: object) -> bool:
     return isinstance(part, str) and part in ("lognormal", "trace", "fixed")
 
 
+MAX_YAML_BYTES = 16 << 20
+"""Scenario and profile files are small; anything bigger is a mistake (or hostile)."""
+
+
 def load_yaml(path: Path) -> Any:
     """Read a YAML file; syntax errors become one line naming the file and line."""
     try:
-        text = path.read_text()
+        if path.exists() and not path.is_file():  # a FIFO or a device could block or never end
+            raise ConfigError(f"{path}: not a regular file")
+        with path.open("rb") as f:
+            raw = f.read(MAX_YAML_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_YAML_BYTES >> 20} MiB; not a scenario file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start + 1})") from None
     try:
         return yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: YAML nested too deeply") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f":{mark.line + 1}" if mark is not None else ""

@@ -74,7 +74,13 @@ def _split(value: object, kind: str, examples: str) -> tuple[float, str]:
     if isinstance(value, bool):
         raise UnitError(f"expected a {kind} like {examples}, got {value!r}")
     if isinstance(value, int | float):
-        return float(value), ""
+        try:
+            num = float(value)
+        except OverflowError:  # a 400-digit integer
+            raise UnitError(f"{kind} is far too large") from None
+        if not math.isfinite(num):
+            raise UnitError(f"{value!r} is not a finite {kind}")
+        return num, ""
     if not isinstance(value, str):
         raise UnitError(f"expected a {kind} like {examples}, got {type(value).__name__}")
     m = _RE.match(value.replace("µ", "u"))

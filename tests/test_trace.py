@@ -1,4 +1,5 @@
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,15 @@ def test_reads_records_as_frozen_dataclasses(tmp_path: Path) -> None:
         (doc(timestamp=5, hash_ids=[1, 2.0]), r"hash_ids\[1\] must be an integer"),
         (doc(timestamp=5, hash_ids=[True]), r"hash_ids\[0\] must be an integer"),
         (doc(timestamp=5, hash_ids=7), "hash_ids must be a list"),
+        # hostile numbers and shapes (issue #12 item 6): one ConfigError line, no traceback
+        (doc(timestamp=5, input_length=10**400), "input_length must be at most 10000000"),
+        (doc(timestamp=5, output_length=-(10**400)), "output_length must be positive"),
+        (doc(timestamp=10**400), "timestamp must be at most"),
+        (doc(timestamp=5, hash_ids=[2**64]), r"hash_ids\[0\] must fit in a signed 64-bit"),
+        ('{"timestamp": ' + "9" * 5000 + "}", "a number is too long"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
     ],
+    ids=lambda v: v[:30] if isinstance(v, str) else None,
 )
 def test_bad_line_names_file_line_and_problem(tmp_path: Path, bad: str, message: str) -> None:
     p = write(tmp_path, [doc(), doc(timestamp=1), bad, doc(timestamp=9)])
@@ -86,6 +95,32 @@ def test_missing_and_empty_files(tmp_path: Path) -> None:
         read_trace(tmp_path / "absent.jsonl")
     with pytest.raises(ConfigError, match="no requests"):
         read_trace(write(tmp_path, ["", "  "]))
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)),
+        b'{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": []}\n'
+        + "caf\u00e9".encode("latin-1"),
+    ],
+    ids=["binary", "latin-1"],
+)
+def test_binary_or_non_utf8_file_is_one_config_error(tmp_path: Path, content: bytes) -> None:
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(content)
+    with pytest.raises(ConfigError, match="not UTF-8 text") as exc:
+        read_trace(p)
+    assert str(exc.value).startswith(f"{p}:")
+
+
+def test_a_fifo_or_directory_is_refused_without_reading(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # opening it for reading would block for ever
+    with pytest.raises(ConfigError, match="not a regular file"):
+        read_trace(fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        read_trace(tmp_path)
 
 
 def test_reads_the_shared_mooncake_trace() -> None:

@@ -24,7 +24,9 @@ AppFactory = Callable[[ServiceSpec], Awaitable[tuple[web.Application, dict[str, 
 
 async def serve(spec: ServiceSpec, factory: AppFactory) -> None:
     app, extra_ports = await factory(spec)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    # handler_cancellation: a peer that closes its connection cancels its handler, so work
+    # for a departed client (a queued prefill, a decode slot) stops instead of running on.
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, spec.host, spec.port, backlog=1024)
     await site.start()

@@ -57,16 +57,16 @@ class PrefillState(PrefillQueue[PrefillJob]):
         sizes = wire_layer_bytes(self.engine.model, kv_tokens, self.spec.byte_scale)
         layers: asyncio.Queue[tuple[int, int] | None] = asyncio.Queue()
         job.times["prefill_start"] = self.clock.real()
-        self.track(asyncio.get_running_loop().create_task(self._transfer(job, sizes, layers)))
+        self.track(job, self._transfer(job, sizes, layers))
 
         async def on_layer(layer: int, nbytes: int) -> None:
             layers.put_nowait((layer, sizes[layer]))  # the layer's KV as decode needs it
 
         try:
             await self.engine.run(job.uncached_tokens, on_layer)
+            job.times["prefill_end"] = self.clock.real()
         finally:
-            layers.put_nowait(None)
-        job.times["prefill_end"] = self.clock.real()
+            layers.put_nowait(None)  # after prefill_end: the transfer checks it at the sentinel
 
     async def _transfer(
         self, job: PrefillJob, sizes: list[int], layers: asyncio.Queue[tuple[int, int] | None]
@@ -81,15 +81,13 @@ class PrefillState(PrefillQueue[PrefillJob]):
                         job.times["transfer_start"] = self.clock.real()
                     await tx.send_layer(layer, self.payload.layer(job.id, layer, nbytes))
                     sent += nbytes
+                if "prefill_end" not in job.times:  # the prefill broke: abort, never half a KV
+                    raise RuntimeError("prefill did not finish")
             job.times["transfer_end"] = self.clock.real()
-            self.completed += 1
-            job.result.set_result({**job.times, "kv_wire_bytes_sent": sent})
-        except (TransferError, OSError, TimeoutError) as exc:
-            self.failed += 1
+            self._complete(job, kv_wire_bytes_sent=sent)
+        except (TransferError, OSError, TimeoutError) as exc:  # anything else: see track()
             reason = exc.reason if isinstance(exc, TransferError) else repr(exc)
-            job.result.set_result(
-                {**job.times, "kv_wire_bytes_sent": sent, "error": f"kv transfer: {reason}"}
-            )
+            self._fail(job, f"kv transfer: {reason}", kv_wire_bytes_sent=sent)
 
 
 STATE = web.AppKey("state", PrefillState)
@@ -109,8 +107,7 @@ async def _prefill(request: web.Request) -> web.Response:
     if "kv_tokens" in body:
         job.kv_tokens = int_field(body, "kv_tokens", 1, 10_000_000)
     job.queued_at = state.clock.real()
-    state.submit(job)
-    result = await job.result
+    result = await state.run_job(job)
     return web.json_response(result, status=200 if "error" not in result else 502)
 
 

@@ -36,7 +36,7 @@ from testbed.profiles import MODELS
 from testbed.services import cache_pull
 from testbed.services.control import ControlLoops, role_view
 from testbed.services.spec import InstanceInfo, RunClock, ServiceSpec
-from testbed.services.validate import health, json_errors
+from testbed.services.validate import health, json_errors, parse_json_object
 
 __all__ = ["create_app"]
 
@@ -56,6 +56,17 @@ TokenSink = Callable[[int], Awaitable[None]]
 
 class RequestError(Exception):
     """A request failed for good; the message is the failure reason recorded for it."""
+
+
+class ClientGone(Exception):
+    """The client that sent the request went away: its request stops and no instance is blamed.
+
+    Deliberately not an aiohttp.ClientError: a failed write to the departed client must not
+    look like a lost decode stream (which takes the decode instance out of rotation)."""
+
+
+CLIENT_GONE = "client disconnected"
+SHUT_DOWN = "router shut down"
 
 
 class AttemptError(Exception):
@@ -107,6 +118,10 @@ class RouterState:
         self.records: list[RequestRecord] = []
         self.in_flight = 0
         self._ids = itertools.count(1)
+        self.ids: set[str] = set()
+        """Every request id this router has taken, in flight or finished: ids are unique per
+        run (records, KV wire ids and checkers key on them)."""
+        self.closing = False
         self.session: aiohttp.ClientSession | None = None
         self.cache = (
             KVCacheManager.for_model(self.model, spec.prefix_cache_bytes)
@@ -118,7 +133,17 @@ class RouterState:
         """Block hash ids of the requests in flight (by request id), for the cache lookups."""
 
     def next_id(self) -> str:
-        return f"q{next(self._ids):06d}"
+        """A fresh id, skipping any a client already chose."""
+        while (rid := f"q{next(self._ids):06d}") in self.ids:
+            pass
+        return rid
+
+    def claim_id(self, rid: str) -> bool:
+        """Take a request id; False if this router has already seen it."""
+        if rid in self.ids:
+            return False
+        self.ids.add(rid)
+        return True
 
     def snapshot(self, exclude: frozenset[str] = frozenset()) -> Snapshot:
         """Load of every healthy instance not in `exclude` (instance ids or cluster names)."""
@@ -186,8 +211,10 @@ class RouterState:
             rec.status = "completed"
         except RequestError as exc:
             rec.status, rec.failure_reason = "failed", str(exc)
-        except asyncio.CancelledError:
-            rec.status, rec.failure_reason = "failed", "cancelled (client went away)"
+        except ClientGone:  # seen when a token could not be written to it
+            rec.status, rec.failure_reason = "failed", CLIENT_GONE
+        except asyncio.CancelledError:  # the handler is cancelled when its client disconnects
+            rec.status, rec.failure_reason = "failed", SHUT_DOWN if self.closing else CLIENT_GONE
             raise
         finally:
             self.in_flight -= 1
@@ -513,26 +540,54 @@ def _bad(message: str) -> web.HTTPException:
 
 def _positive_int(body: dict[str, Any], key: str, limit: int, default: int | None = None) -> int:
     value = body.get(key, default)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value != int(value)
-    ):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise _bad(f"{key} must be an integer")
-    if not 1 <= int(value) <= limit:
+    if isinstance(value, float) and (not math.isfinite(value) or value != int(value)):
+        raise _bad(f"{key} must be an integer")
+    if not 1 <= value <= limit:  # compared exactly: a 400-digit int never meets a float
         raise _bad(f"{key} must be between 1 and {limit}")
     return int(value)
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
     try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise _bad("body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise _bad("body must be a JSON object")
-    return body
+        return parse_json_object(await request.read())
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
+
+
+def _claim(state: RouterState, body: dict[str, Any]) -> str:
+    """The request's id: the client's own (unique, 1 to 60 bytes) or a fresh one."""
+    rid = body.get("id")
+    if rid is None:
+        rid = state.next_id()
+    elif not isinstance(rid, str) or not 1 <= len(rid.encode()) <= 60:
+        raise _bad("id must be a string of 1 to 60 bytes")
+    if not state.claim_id(rid):
+        raise web.HTTPConflict(
+            text=json.dumps(
+                {
+                    "error": {
+                        "message": f"request id {rid!r} was already used in this run",
+                        "type": "invalid_request_error",
+                    }
+                }
+            ),
+            content_type="application/json",
+        )
+    return rid
+
+
+def _token_sink(resp: web.StreamResponse, encode: Callable[[int], bytes]) -> TokenSink:
+    """Write tokens to the client; a client that went away raises ClientGone (see there)."""
+
+    async def on_tokens(n: int) -> None:
+        try:
+            await resp.write(encode(n))
+        except (ConnectionError, aiohttp.ClientConnectionResetError) as exc:
+            raise ClientGone(str(exc)) from None
+
+    return on_tokens
 
 
 async def _generate(request: web.Request) -> web.StreamResponse:
@@ -540,20 +595,14 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     body = await _json_body(request)
     input_tokens = _positive_int(body, "input_tokens", MAX_INPUT_TOKENS)
     output_tokens = _positive_int(body, "output_tokens", MAX_OUTPUT_TOKENS)
-    rid = state.next_id()
-    if body.get("id") is not None:  # a KV wire id is 1..64 bytes, with room for ".<attempt>"
-        if not isinstance(body["id"], str) or not 1 <= len(body["id"].encode()) <= 60:
-            raise _bad("id must be a string of 1 to 60 bytes")
-        rid = body["id"]
     hash_ids = _hash_ids(body, input_tokens)
+    rid = _claim(state, body)  # last: a request refused for bad fields does not use up its id
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await resp.prepare(request)
-
-    async def on_tokens(n: int) -> None:
-        await resp.write(b'{"tokens":%d}\n' % n)
-
+    on_tokens = _token_sink(resp, lambda n: b'{"tokens":%d}\n' % n)
     rec = await state.handle(rid, input_tokens, output_tokens, on_tokens, hash_ids)
-    await resp.write((json.dumps({"record": rec.to_json()}) + "\n").encode())
+    with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionResetError):
+        await resp.write((json.dumps({"record": rec.to_json()}) + "\n").encode())
     return resp
 
 
@@ -599,7 +648,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         if input_tokens > MAX_INPUT_TOKENS:
             raise _bad(f"prompt too long (at most {MAX_INPUT_TOKENS} tokens)")
     output_tokens = _positive_int(body, "max_tokens", MAX_OUTPUT_TOKENS, default=16)
-    rid = state.next_id()
+    rid = _claim(state, {})
     cid = f"cmpl-{rid}"
     created = int(time.time())
     model = str(body.get("model", state.spec.model))
@@ -618,18 +667,20 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         await resp.prepare(request)
         sent = 0
 
-        async def on_tokens(n: int) -> None:
+        def encode(n: int) -> bytes:
             nonlocal sent
-            await resp.write(f"data: {json.dumps(chunk(_token_text(sent, n), None))}\n\n".encode())
+            doc = chunk(_token_text(sent, n), None)
             sent += n
+            return f"data: {json.dumps(doc)}\n\n".encode()
 
-        rec = await state.handle(rid, input_tokens, output_tokens, on_tokens)
+        rec = await state.handle(rid, input_tokens, output_tokens, _token_sink(resp, encode))
         if rec.status == "completed":
-            await resp.write(f"data: {json.dumps(chunk('', 'length'))}\n\n".encode())
+            tail = f"data: {json.dumps(chunk('', 'length'))}\n\n"
         else:
             err = {"error": {"message": rec.failure_reason, "type": "server_error"}}
-            await resp.write(f"data: {json.dumps(err)}\n\n".encode())
-        await resp.write(b"data: [DONE]\n\n")
+            tail = f"data: {json.dumps(err)}\n\n"
+        with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionResetError):
+            await resp.write(tail.encode() + b"data: [DONE]\n\n")
         return resp
 
     total = 0
@@ -715,6 +766,9 @@ async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]
             if state.control.long is not None:
                 app[LONG_TERM] = loop.create_task(state.control.run_long_term())
 
+    async def _closing(_app: web.Application) -> None:
+        state.closing = True  # handlers cancelled from here on: "router shut down"
+
     async def _shutdown(_app: web.Application) -> None:
         for key in (HEALTH, SCHEDULER, LONG_TERM):
             task = app.get(key)
@@ -726,5 +780,6 @@ async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]
             await state.session.close()
 
     app.on_startup.append(_startup)
+    app.on_shutdown.append(_closing)
     app.on_cleanup.append(_shutdown)
     return app, {}

@@ -71,7 +71,7 @@ class TorchPrefillState(PrefillQueue[TorchPrefillJob]):
         sizes = self.config.layer_sizes(0, len(job.tokens))
         layers: asyncio.Queue[tuple[int, bytes] | None] = asyncio.Queue()
         job.times["prefill_start"] = self.clock.real()
-        self.track(asyncio.get_running_loop().create_task(self._transfer(job, sizes, layers)))
+        self.track(job, self._transfer(job, sizes, layers))
 
         async def on_layer(layer: int, data: bytes) -> None:
             layers.put_nowait((layer, data))
@@ -102,18 +102,10 @@ class TorchPrefillState(PrefillQueue[TorchPrefillJob]):
                 if job.first_token is None:  # the prefill broke: abort, never half a KV
                     raise RuntimeError("prefill did not finish")
             job.times["transfer_end"] = self.clock.real()
-            self.completed += 1
-            if not job.result.done():
-                job.result.set_result(
-                    {**job.times, "kv_wire_bytes_sent": sent, "first_token_id": job.first_token}
-                )
-        except (TransferError, OSError, TimeoutError, RuntimeError) as exc:
-            self.failed += 1
+            self._complete(job, kv_wire_bytes_sent=sent, first_token_id=job.first_token)
+        except (TransferError, OSError, TimeoutError, RuntimeError) as exc:  # others: track()
             reason = exc.reason if isinstance(exc, TransferError) else repr(exc)
-            if not job.result.done():
-                job.result.set_result(
-                    {**job.times, "kv_wire_bytes_sent": sent, "error": f"kv transfer: {reason}"}
-                )
+            self._fail(job, f"kv transfer: {reason}", kv_wire_bytes_sent=sent)
 
 
 STATE = web.AppKey("state", TorchPrefillState)
@@ -135,8 +127,7 @@ async def _prefill(request: web.Request) -> web.Response:
     tokens = _token_ids(body, state.config.vocab_size)
     target = (str_field(body, "kv_host", 255), int_field(body, "kv_port", 1, 65535))
     job = TorchPrefillJob(rid, tokens, target, asyncio.get_running_loop().create_future())
-    state.submit(job)
-    result = await job.result
+    result = await state.run_job(job)
     return web.json_response(result, status=200 if "error" not in result else 502)
 
 

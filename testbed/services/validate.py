@@ -15,7 +15,14 @@ from typing import Any
 
 from aiohttp import web
 
-__all__ = ["BadRequest", "int_field", "json_body", "json_errors", "str_field"]
+__all__ = [
+    "BadRequest",
+    "int_field",
+    "json_body",
+    "json_errors",
+    "parse_json_object",
+    "str_field",
+]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -25,15 +32,38 @@ class BadRequest(web.HTTPBadRequest):
         super().__init__(text=json.dumps({"error": message}), content_type="application/json")
 
 
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object, or ValueError with a one-line reason.
+
+    Hostile bodies are refused here, not deep in a handler: invalid UTF-8, nesting deeper than
+    the parser can recurse (RecursionError), integers longer than Python converts (ValueError),
+    and anything that is not an object.
+    """
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError("body is not valid UTF-8") from None
+    except RecursionError:
+        raise ValueError("body is nested too deeply") from None
+    except ValueError:  # JSONDecodeError, and integers over the 4300-digit conversion limit
+        raise ValueError("body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise ValueError("body must be a JSON object")
+    return body
+
+
 async def json_body(request: web.Request) -> dict[str, Any]:
     """The request's JSON object body, or a 400."""
     try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise BadRequest("body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise BadRequest("body must be a JSON object")
-    return body
+        return parse_json_object(await request.read())
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def _show(v: Any) -> str:
+    """A value for an error message, cut short: a 400-digit number is not worth echoing."""
+    text = json.dumps(v) if not isinstance(v, float) else repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def int_field(body: dict[str, Any], key: str, lo: int, hi: int) -> int:
@@ -42,11 +72,11 @@ def int_field(body: dict[str, Any], key: str, lo: int, hi: int) -> int:
         raise BadRequest(f"{key} is required")
     v = body[key]
     if isinstance(v, bool) or not isinstance(v, int | float):
-        raise BadRequest(f"{key} must be an integer, got {json.dumps(v)[:40]}")
+        raise BadRequest(f"{key} must be an integer, got {_show(v)}")
     if isinstance(v, float) and (not math.isfinite(v) or v != int(v)):
         raise BadRequest(f"{key} must be an integer, got {v!r}")
-    if not lo <= v <= hi:
-        raise BadRequest(f"{key} must be between {lo} and {hi}, got {int(v)}")
+    if not lo <= v <= hi:  # exact for ints of any size: no float conversion
+        raise BadRequest(f"{key} must be between {lo} and {hi}, got {_show(v)}")
     return int(v)
 
 

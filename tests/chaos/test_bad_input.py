@@ -52,18 +52,19 @@ VALID: dict[str, dict[str, Any]] = {
 # Field -> bad values, per role: wrong types, negative, zero, absurd, non-integral.
 BAD_FIELDS: dict[str, dict[str, list[Any]]] = {
     "router": {
-        "input_tokens": ["100", -5, 0, 10**13, 1.5, None, [1], True, float("nan")],
-        "output_tokens": ["4", -1, 0, 10**9, 2.5, {}, False],
+        "input_tokens": ["100", -5, 0, 10**13, 10**400, -(10**400), 1.5, None, [1], True, 1e308],
+        "output_tokens": ["4", -1, 0, 10**9, 10**400, 2.5, {}, False, float("nan")],
+        "id": [10**400, "", "x" * 61, ["a"]],
     },
     "prefill": {
-        "uncached_tokens": ["abc", -5, 0, 10**13, 1.5, None, [1], True],
-        "kv_port": [-1, 0, 70000, "http", None, 1.5],
+        "uncached_tokens": ["abc", -5, 0, 10**13, 10**400, 1.5, None, [1], True],
+        "kv_port": [-1, 0, 70000, "http", None, 1.5, 10**400, float("inf")],
         "kv_host": [None, 5, ["127.0.0.1"], ""],
         "id": ["", "x" * 65, None, {"a": 1}],
     },
     "decode": {
-        "output_tokens": ["4x", -1, 0, 10**9, 2.5, None],
-        "expected_wire_bytes": [-1, "ten", None, 1.5, 10**16],
+        "output_tokens": ["4x", -1, 0, 10**9, 10**400, 2.5, None],
+        "expected_wire_bytes": [-1, "ten", None, 1.5, 10**16, 10**400, -(10**400)],
         "id": ["", "x" * 65, None, [1]],
     },
 }
@@ -96,9 +97,30 @@ async def test_bad_fields_get_400_json(service: tuple[str, TestClient]) -> None:
     await _still_healthy(client)
 
 
+DEEP = b"[" * 100_000 + b"]" * 100_000
+"""Nesting no JSON parser recurses through: a RecursionError, not a 400, before the fix."""
+DEEP_OBJECT = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
+LONG_INT = b'{"input_tokens": ' + b"9" * 5000 + b"}"
+"""Past Python's 4300-digit int conversion limit: ValueError inside the JSON parser."""
+
+
 @pytest.mark.parametrize(
     "payload",
-    [b"", b"{", b"not json", b"[1, 2]", b'"string"', b"null", b"\xff\xfe", b"{}"],
+    [
+        b"",
+        b"{",
+        b"not json",
+        b"[1, 2]",
+        b'"string"',
+        b"null",
+        b"\xff\xfe",
+        b"{}",
+        DEEP,
+        DEEP_OBJECT,
+        LONG_INT,
+        b'{"id": "\xc3\x28"}',
+    ],
+    ids=lambda p: p[:12].decode("latin-1") + (f"..{len(p)}" if len(p) > 12 else ""),
 )
 async def test_malformed_bodies_get_400_json(
     service: tuple[str, TestClient], payload: bytes
@@ -138,6 +160,9 @@ async def test_router_completions_bad_input() -> None:
             {"prompt": "hi", "max_tokens": "many"},
             {"prompt": "hi", "input_tokens": 0},
             {"prompt": "x", "max_tokens": 10**9},
+            {"prompt": "x", "max_tokens": 10**400},
+            {"prompt": "x", "input_tokens": 10**400},
+            {"prompt": "x", "max_tokens": 1e400},
         ):
             await _expect_4xx_json(await client.post("/v1/completions", json=body))
         await _still_healthy(client)
