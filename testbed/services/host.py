@@ -16,26 +16,29 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from testbed.services.spec import ServiceSpec
+from testbed.serving import DEFAULT_LIMITS, ServingLimits, start_http
 
 __all__ = ["main", "serve"]
 
 AppFactory = Callable[[ServiceSpec], Awaitable[tuple[web.Application, dict[str, int]]]]
 
 
-async def serve(spec: ServiceSpec, factory: AppFactory) -> None:
+async def serve(
+    spec: ServiceSpec, factory: AppFactory, limits: ServingLimits = DEFAULT_LIMITS
+) -> None:
     app, extra_ports = await factory(spec)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, spec.host, spec.port, backlog=1024)
-    await site.start()
-    port = runner.addresses[0][1]
+    # testbed.serving: connection cap and request read deadlines (slow or stuck clients)
+    http = await start_http(
+        app, host=spec.host, port=spec.port, limits=limits, backlog=1024, name=spec.role
+    )
+    port = http.port
     print("READY " + json.dumps({"http": port, **extra_ports}), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await runner.cleanup()
+    await http.close()
 
 
 def _factory(role: str, engine: str = "emulated") -> AppFactory:
