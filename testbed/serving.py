@@ -38,10 +38,10 @@ _log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+_REFUSED_BODY = b'{"error": "too many connections", "status": 503}\n'
 _REFUSED = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-    b"Connection: close\r\nContent-Length: 49\r\n\r\n"
-    b'{"error": "too many connections", "status": 503}\n'
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_REFUSED_BODY), _REFUSED_BODY)
 )
 
 
