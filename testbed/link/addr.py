@@ -6,7 +6,7 @@ Proxies are configured with these strings and report their real listen address b
 
 from __future__ import annotations
 
-from testbed.link.errors import ApiError
+from testbed.link.errors import ApiError, show
 
 __all__ = ["format_hostport", "parse_hostport"]
 
@@ -17,18 +17,18 @@ def parse_hostport(value: str, field: str, *, default_host: str = "127.0.0.1") -
     Raises a 400 ApiError naming `field` when the string cannot be read.
     """
     if not isinstance(value, str) or ":" not in value:
-        raise ApiError(f"{field}: expected host:port, got {value!r}", 400)
+        raise ApiError(f"{field}: expected host:port, got {show(value)}", 400)
     host, _, port_s = value.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     elif ":" in host:
         raise ApiError(f"{field}: write IPv6 addresses in brackets, e.g. [::1]:8080", 400)
-    try:
-        port = int(port_s)
-    except ValueError:
-        raise ApiError(f"{field}: port {port_s!r} is not a number", 400) from None
+    # Plain ASCII digits only: int() would also take "+8", " 8", "8_0" and other scripts' digits.
+    if not (port_s.isascii() and port_s.isdigit()):
+        raise ApiError(f"{field}: port {show(port_s)} is not a number", 400)
+    port = int(port_s) if len(port_s) <= 5 else 65536
     if not 0 <= port <= 65535:
-        raise ApiError(f"{field}: port {port} is out of range", 400)
+        raise ApiError(f"{field}: port {show(port_s)} is out of range", 400)
     return (host or default_host), port
 
 

@@ -18,6 +18,7 @@ from aiohttp import web
 from testbed import __version__
 from testbed.link.emulator import TOXIPROXY_VERSION, LinkEmulator
 from testbed.link.errors import ApiError, bad_request
+from testbed.link.jsonbody import JsonBodyError, decode
 
 __all__ = ["build_app"]
 
@@ -43,8 +44,8 @@ async def _body(request: web.Request, *, optional: bool = False) -> Any:
             return None
         raise bad_request("EOF")
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        return decode(raw)
+    except JsonBodyError as exc:
         raise bad_request(str(exc)) from None
 
 
@@ -61,6 +62,12 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.status >= 400:
             return _error(ApiError(exc.reason, exc.status))
         raise
+    except ConnectionError:
+        t = request.transport
+        if t is None or t.is_closing():
+            raise  # the client went away mid-request: testbed.serving notes it in one line
+        _log.exception("link API: %s %s failed", request.method, request.path)
+        return _error(ApiError("internal error", 500))
     except Exception:
         _log.exception("link API: %s %s failed", request.method, request.path)
         return _error(ApiError("internal error", 500))

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from testbed.link.errors import ApiError, bad_request, toxic_exists, toxic_not_found
+from testbed.link.errors import ApiError, bad_request, show, toxic_exists, toxic_not_found
 from testbed.link.pipeline import ToxicLink
 from testbed.link.toxics import REGISTRY, STREAMS, ToxicWrapper
 from testbed.link.toxics.base import invalid_toxic_type
@@ -27,16 +27,19 @@ def _field(body: dict[str, Any], key: str, kind: type, default: Any) -> Any:
         return default
     if kind is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise bad_request(f"field {key!r} must be a number, got {value!r}")
-        return float(value)
+            raise bad_request(f"field {key!r} must be a number, got {show(value)}")
+        try:
+            return float(value)
+        except OverflowError:  # an int too large for a float
+            raise bad_request(f"field {key!r} is out of range") from None
     if not isinstance(value, kind):
-        raise bad_request(f"field {key!r} must be a {kind.__name__}, got {value!r}")
+        raise bad_request(f"field {key!r} must be a {kind.__name__}, got {show(value)}")
     return value
 
 
 def _toxicity(value: float) -> float:
     if not math.isfinite(value) or not 0.0 <= value <= 1.0:
-        raise bad_request(f"field 'toxicity' must be between 0 and 1, got {value!r}")
+        raise bad_request(f"field 'toxicity' must be between 0 and 1, got {show(value)}")
     return value
 
 
@@ -72,7 +75,7 @@ class ToxicCollection:
         raise toxic_not_found()
 
     # -- changes ---------------------------------------------------------------------------
-    def add(self, body: object) -> ToxicWrapper:
+    async def add(self, body: object) -> ToxicWrapper:
         if not isinstance(body, dict):
             raise bad_request("expected a JSON object for a toxic")
         type_name = _field(body, "type", str, "")
@@ -90,7 +93,7 @@ class ToxicCollection:
             raise invalid_toxic_type()
         if any(w.name == name for w in self._toxics):
             raise toxic_exists()
-        toxic = cls.from_attributes(body.get("attributes"))
+        toxic = await cls.build(body.get("attributes"))
         wrapper = ToxicWrapper(name, type_name, stream, _toxicity(toxicity), toxic)
         toxic.shared = self._shared
         toxic.activate(self._loop, None)
@@ -100,13 +103,13 @@ class ToxicCollection:
                 link.add_toxic(wrapper)
         return wrapper
 
-    def update(self, name: str, body: object) -> ToxicWrapper:
+    async def update(self, name: str, body: object) -> ToxicWrapper:
         wrapper = self.get(name)
         if not isinstance(body, dict):
             raise bad_request("expected a JSON object for a toxic")
         toxicity = _toxicity(_field(body, "toxicity", float, wrapper.toxicity))
         old = wrapper.toxic
-        new = type(old).from_attributes(body.get("attributes"), base=old.values)
+        new = await type(old).build(body.get("attributes"), base=old.values)
         restart = not (type(old).live_update and toxicity == wrapper.toxicity)
         new.shared = self._shared
         new.activate(self._loop, old)

@@ -12,7 +12,14 @@ import asyncio
 import contextlib
 from typing import Any
 
-from testbed.link.errors import ApiError, bad_request, missing_field, proxy_exists, proxy_not_found
+from testbed.link.errors import (
+    ApiError,
+    bad_request,
+    missing_field,
+    proxy_exists,
+    proxy_not_found,
+    show,
+)
 from testbed.link.metrics import RateMeter, render
 from testbed.link.proxy import DIRECTIONS, Proxy
 from testbed.link.toxics import ToxicWrapper
@@ -29,7 +36,7 @@ def _str_field(body: dict[str, Any], key: str, default: str = "") -> str:
     if value is None:
         return default
     if not isinstance(value, str):
-        raise bad_request(f"field {key!r} must be a string, got {value!r}")
+        raise bad_request(f"field {key!r} must be a string, got {show(value)}")
     return value
 
 
@@ -38,7 +45,7 @@ def _bool_field(body: dict[str, Any], key: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise bad_request(f"field {key!r} must be true or false, got {value!r}")
+        raise bad_request(f"field {key!r} must be true or false, got {show(value)}")
     return value
 
 
@@ -177,8 +184,12 @@ class LinkEmulator:
         async with self._lock:
             if isinstance(body, dict) and "seed" in body:
                 seed = body["seed"]
-                if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-                    raise bad_request(f"field 'seed' must be an integer or null, got {seed!r}")
+                if seed is not None and (
+                    isinstance(seed, bool) or not isinstance(seed, int) or abs(seed) >= 2**63
+                ):
+                    raise bad_request(
+                        f"field 'seed' must be a 64-bit integer or null, got {show(seed)}"
+                    )
                 self.seed = seed
                 for p in self.proxies.values():
                     p.reset_indices()
@@ -196,11 +207,11 @@ class LinkEmulator:
 
     async def add_toxic(self, proxy: str, body: object) -> dict[str, Any]:
         async with self._lock:
-            return self.get_proxy(proxy).toxics.add(body).to_json()
+            return (await self.get_proxy(proxy).toxics.add(body)).to_json()
 
     async def update_toxic(self, proxy: str, toxic: str, body: object) -> dict[str, Any]:
         async with self._lock:
-            return self.get_proxy(proxy).toxics.update(toxic, body).to_json()
+            return (await self.get_proxy(proxy).toxics.update(toxic, body)).to_json()
 
     async def remove_toxic(self, proxy: str, toxic: str) -> None:
         async with self._lock:

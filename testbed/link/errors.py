@@ -14,6 +14,7 @@ __all__ = [
     "missing_field",
     "proxy_exists",
     "proxy_not_found",
+    "show",
     "toxic_exists",
     "toxic_not_found",
 ]
@@ -29,6 +30,20 @@ class ApiError(Exception):
 
     def to_json(self) -> dict[str, object]:
         return {"error": self.message, "status": self.status}
+
+
+# Longest rendering of a caller's value in an error message; a hostile body can hold a
+# 400-digit number or a megabyte string, and the error must stay one short line.
+SHOW_LIMIT = 40
+
+
+def show(value: object, limit: int = SHOW_LIMIT) -> str:
+    """`repr(value)` for an error message, cut to `limit` characters."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 100:
+        # repr() of a huge int is slow (and refused past 4300 digits): give its size instead
+        return f"<a {value.bit_length()}-bit integer>"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def bad_request(detail: str) -> ApiError:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import socket
 import struct
@@ -241,6 +242,7 @@ class Proxy:
         self.connections: set[Connection] = set()
         self.stats = {d: LinkStats() for d in DIRECTIONS}
         self._server: asyncio.AbstractServer | None = None
+        self._sock: socket.socket | None = None  # the listening socket while enabled
         self._pending: set[asyncio.Task[None]] = set()
         self._count = 0
 
@@ -282,58 +284,122 @@ class Proxy:
         }
 
     # -- lifecycle ---------------------------------------------------------------------------
-    async def start(self) -> None:
-        if self.enabled:
-            return
-        host, port = parse_hostport(self.listen, "listen")
+    async def _resolve(self, listen: str) -> tuple[int, Any]:
+        """(family, sockaddr) to bind for `listen`, preferring IPv4; a 400 if it cannot be."""
+        host, port = parse_hostport(listen, "listen")
         try:
             infos = await self.loop.getaddrinfo(
                 host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
             )
         except OSError as exc:
-            raise ApiError(f"listen {self.listen}: {exc}", 400) from None
+            raise ApiError(f"listen {listen}: {exc}", 400) from None
+        if not infos:  # pragma: no cover - getaddrinfo raises instead
+            raise ApiError(f"listen {listen}: no such address", 400)
         infos.sort(key=lambda i: i[0] != socket.AF_INET)
         family, _, _, _, sockaddr = infos[0]
+        return family, sockaddr
+
+    @staticmethod
+    def _bind(listen: str, family: int, sockaddr: Any) -> socket.socket:
+        """A listening socket on `sockaddr`, or an ApiError: 409 if the address is taken."""
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(sockaddr)
             sock.listen(LISTEN_BACKLOG)
             sock.setblocking(False)
+        except OSError as exc:
+            sock.close()
+            raise _bind_error(listen, exc) from None
+        return sock
+
+    async def _serve(self, sock: socket.socket) -> None:
+        """Start accepting on a bound socket; the proxy is enabled at its real address."""
+        try:
             self._server = await self.loop.create_server(lambda: _ClientSide(self), sock=sock)
         except OSError as exc:
             sock.close()
             raise ApiError(f"listen tcp {self.listen}: {exc.strerror or exc}", 500) from None
+        self._sock = sock
         addr = sock.getsockname()
         self.listen = format_hostport(addr[0], addr[1])
         self.enabled = True
+
+    def _bound_to(self) -> Any:
+        """The address the listening socket is bound to, or None when disabled."""
+        return None if self._sock is None else self._sock.getsockname()
+
+    async def start(self) -> None:
+        if self.enabled:
+            return
+        family, sockaddr = await self._resolve(self.listen)
+        await self._serve(self._bind(self.listen, family, sockaddr))
+
+    def _drop_connections(self) -> None:
+        for task in list(self._pending):
+            task.cancel()
+        for conn in list(self.connections):
+            conn.close()
 
     async def stop(self) -> None:
         if not self.enabled:
             return
         self.enabled = False
         server, self._server = self._server, None
+        self._sock = None
         if server is not None:
             server.close()
-        for task in list(self._pending):
-            task.cancel()
-        for conn in list(self.connections):
-            conn.close()
+        self._drop_connections()
         if server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1.0)
 
     async def update(self, listen: str, upstream: str, enabled: bool) -> None:
-        """Apply a ProxyUpdate: a new address restarts the proxy (dropping connections)."""
+        """Apply a ProxyUpdate: a new address or upstream restarts the proxy (dropping its
+        connections, as Toxiproxy does).
+
+        A new address is bound before anything changes: if it is taken (409) or cannot be
+        bound (400), the proxy keeps its address, its state and its open connections.
+        """
         parse_hostport(listen, "listen")
         parse_hostport(upstream, "upstream")
-        if listen != self.listen or upstream != self.upstream:
-            was = self.enabled
+        if listen == self.listen and upstream == self.upstream:
+            if enabled and not self.enabled:
+                await self.start()
+            elif not enabled and self.enabled:
+                await self.stop()
+            return
+        if not enabled:  # only written down; bound when the proxy is enabled
             await self.stop()
             self.listen, self.upstream = listen, upstream
-            if was and enabled:
-                await self.start()
-        if enabled and not self.enabled:
-            await self.start()
-        elif not enabled and self.enabled:
-            await self.stop()
+            return
+        bound = self._bound_to()
+        family, sockaddr = await self._resolve(listen)
+        if bound is not None and tuple(bound[:2]) == tuple(sockaddr[:2]):
+            # The same address written another way, or only the upstream changed: keep the
+            # listening socket and restart the connections.
+            self._drop_connections()
+            self.upstream = upstream
+            return
+        sock = self._bind(listen, family, sockaddr)  # raises before anything has changed
+        await self.stop()
+        self.upstream = upstream
+        await self._serve(sock)  # sets `listen` to the address it is bound to
+
+
+def _bind_error(listen: str, exc: OSError) -> ApiError:
+    """Toxiproxy's wording ("listen tcp ADDR: bind: ..."); 409 when another socket has it."""
+    reason = (exc.strerror or str(exc)).lower()
+    if exc.errno == errno.EADDRINUSE:
+        status = 409
+    elif exc.errno in _CALLER_ERRNOS:
+        status = 400
+    else:
+        status = 500  # the server's own trouble (out of file descriptors, say)
+    return ApiError(f"listen tcp {listen}: bind: {reason}", status)
+
+
+# bind() failures that are the caller's address, not the server's state
+_CALLER_ERRNOS = frozenset(
+    {errno.EADDRNOTAVAIL, errno.EACCES, errno.EPERM, errno.EINVAL, errno.EAFNOSUPPORT}
+)

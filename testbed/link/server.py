@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import signal
 import socket
 from pathlib import Path
 from types import TracebackType
 
-from aiohttp import web
-
 from testbed.errors import UserError
 from testbed.link.api import build_app
 from testbed.link.emulator import LinkEmulator
 from testbed.link.errors import ApiError
+from testbed.link.jsonbody import JsonBodyError, decode
+from testbed.serving import DEFAULT_LIMITS, HttpServer, ServingLimits, start_http
 
 __all__ = ["LinkServer", "serve", "start_link_server"]
 
@@ -36,9 +35,9 @@ DEFAULT_PORT = 8474
 class LinkServer:
     """A running emulator: its API address, its state, and `close()`."""
 
-    def __init__(self, emulator: LinkEmulator, runner: web.AppRunner, host: str, port: int):
+    def __init__(self, emulator: LinkEmulator, http: HttpServer, host: str, port: int):
         self.emulator = emulator
-        self._runner = runner
+        self.http = http  # the API's HTTP server: its connection counts
         self.host = host
         self.port = port
 
@@ -49,7 +48,7 @@ class LinkServer:
 
     async def close(self) -> None:
         """Stop the API and every proxy (open connections are closed)."""
-        await self._runner.cleanup()
+        await self.http.close()
         await self.emulator.close()
 
     async def __aenter__(self) -> LinkServer:
@@ -67,10 +66,10 @@ class LinkServer:
 def load_config(path: str) -> list[object]:
     """A Toxiproxy config file: a JSON array of {name, listen, upstream, enabled}."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = decode(Path(path).read_bytes())
     except OSError as exc:
         raise UserError(f"cannot read link config {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
+    except JsonBodyError as exc:
         raise UserError(f"link config {path} is not valid JSON: {exc}") from None
     if not isinstance(data, list):
         raise UserError(f"link config {path}: expected a JSON array of proxies")
@@ -83,8 +82,13 @@ async def start_link_server(
     *,
     seed: int | None = None,
     config: list[object] | None = None,
+    limits: ServingLimits = DEFAULT_LIMITS,
 ) -> LinkServer:
-    """Start the emulator's API (port 0 picks a free port) in the running event loop."""
+    """Start the emulator's API (port 0 picks a free port) in the running event loop.
+
+    `limits` bounds how the API's clients may read it (testbed.serving): connections, and
+    deadlines for a request's head and body.
+    """
     emulator = LinkEmulator(seed=seed)
     if config:
         try:
@@ -92,29 +96,36 @@ async def start_link_server(
         except ApiError as err:
             await emulator.close()
             raise UserError(f"link config: {err.message}") from None
-    runner = web.AppRunner(build_app(emulator), access_log=None, handle_signals=False)
-    await runner.setup()
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        await runner.cleanup()
         await emulator.close()
         raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    site = web.SockSite(runner, sock)
-    await site.start()
+    try:
+        http = await start_http(build_app(emulator), sock=sock, limits=limits, name="link API")
+    except BaseException:
+        sock.close()
+        await emulator.close()
+        raise
     emulator.start_sampling()
-    return LinkServer(emulator, runner, host, sock.getsockname()[1])
+    return LinkServer(emulator, http, host, sock.getsockname()[1])
 
 
 async def serve(
-    host: str, port: int, *, seed: int | None, config: str | None, ready_file: str | None = None
+    host: str,
+    port: int,
+    *,
+    seed: int | None,
+    config: str | None,
+    ready_file: str | None = None,
+    limits: ServingLimits = DEFAULT_LIMITS,
 ) -> None:
     """Run until SIGINT/SIGTERM (the `testbed link serve` command)."""
     proxies = load_config(config) if config else None
-    server = await start_link_server(host, port, seed=seed, config=proxies)
+    server = await start_link_server(host, port, seed=seed, config=proxies, limits=limits)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

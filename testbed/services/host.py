@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import signal
 import sys
@@ -16,28 +17,34 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from testbed.services.spec import ServiceSpec
+from testbed.serving import DEFAULT_LIMITS, ServingLimits, start_http
 
 __all__ = ["main", "serve"]
+
+SERVICE_LIMITS = dataclasses.replace(DEFAULT_LIMITS, handler_cancellation=True)
+"""The services' server limits: handler cancellation on, so a peer that closes its connection
+cancels its handler and the work for a departed client (a queued prefill, a decode slot) stops
+instead of running on (testbed.services.prefill_queue.run_job)."""
 
 AppFactory = Callable[[ServiceSpec], Awaitable[tuple[web.Application, dict[str, int]]]]
 
 
-async def serve(spec: ServiceSpec, factory: AppFactory) -> None:
+async def serve(
+    spec: ServiceSpec, factory: AppFactory, limits: ServingLimits = SERVICE_LIMITS
+) -> None:
     app, extra_ports = await factory(spec)
-    # handler_cancellation: a peer that closes its connection cancels its handler, so work
-    # for a departed client (a queued prefill, a decode slot) stops instead of running on.
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, spec.host, spec.port, backlog=1024)
-    await site.start()
-    port = runner.addresses[0][1]
+    # testbed.serving: connection cap and request read deadlines (slow or stuck clients)
+    http = await start_http(
+        app, host=spec.host, port=spec.port, limits=limits, backlog=1024, name=spec.role
+    )
+    port = http.port
     print("READY " + json.dumps({"http": port, **extra_ports}), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await runner.cleanup()
+    await http.close()
 
 
 def _factory(role: str, engine: str = "emulated") -> AppFactory:

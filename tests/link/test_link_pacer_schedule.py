@@ -108,7 +108,7 @@ def test_schedule_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
     f.write_text("time,rate\n# a comment\n0, 100Mbps\n1.5s 1250\n3,100Mbps\n")
     assert load_schedule_file(str(f)) == [(0.0, 12.5e6), (1.5, 1.25e6), (3.0, 12.5e6)]
     (tmp_path / "bad").write_text("0 100\n1 2 3\n")
-    with pytest.raises(ScheduleError, match=":2"):
+    with pytest.raises(ScheduleError, match="line 2"):
         load_schedule_file(str(tmp_path / "bad"))
     with pytest.raises(ScheduleError):
         load_schedule_file(str(tmp_path / "missing"))

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from testbed.link.errors import ApiError, bad_request
+from testbed.link.errors import ApiError, bad_request, show
 
 if TYPE_CHECKING:
     from testbed.link.pipeline import Stub
@@ -44,6 +44,10 @@ class Attr:
     minimum: float | None = None
     positive: bool = False
 
+
+# Integers fit Go's int64, as in Toxiproxy (the API's JSON decoder already refuses larger ones;
+# this also covers callers in Python and integral floats such as 1e300).
+INT_MAX = 2**63 - 1
 
 _KIND_WORDS = {
     "int": "an integer",
@@ -77,14 +81,20 @@ def _coerce(type_name: str, attr: Attr, value: object) -> object:
             raise bad_request(f"{where} must be {_KIND_WORDS['int']}, got {_json_type(value)}")
         if isinstance(value, float):
             if not (math.isfinite(value) and value.is_integer()):
-                raise bad_request(f"{where} must be an integer, got {value!r}")
+                raise bad_request(f"{where} must be an integer, got {show(value)}")
             value = int(value)
+        if abs(value) > INT_MAX:
+            raise bad_request(f"{where} is out of range (it must fit in 64 bits)")
         ok = value
     elif attr.kind == "float":
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise bad_request(f"{where} must be {_KIND_WORDS['float']}, got {_json_type(value)}")
-        if not math.isfinite(value):
-            raise bad_request(f"{where} must be finite")
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:  # an int too large for a float
+            finite = False
+        if not finite:
+            raise bad_request(f"{where} must be a finite number")
         ok = value
     elif attr.kind == "bool":
         if not isinstance(value, bool):
@@ -102,9 +112,9 @@ def _coerce(type_name: str, attr: Attr, value: object) -> object:
         raise AssertionError(attr.kind)
     if isinstance(ok, int | float) and not isinstance(ok, bool):
         if attr.positive and ok <= 0:
-            raise bad_request(f"{where} must be greater than 0, got {ok!r}")
+            raise bad_request(f"{where} must be greater than 0, got {show(ok)}")
         if attr.minimum is not None and ok < attr.minimum:
-            raise bad_request(f"{where} must be at least {attr.minimum:g}, got {ok!r}")
+            raise bad_request(f"{where} must be at least {attr.minimum:g}, got {show(ok)}")
     return ok
 
 
@@ -135,6 +145,17 @@ class Toxic(abc.ABC):
     @classmethod
     def from_attributes(cls, raw: object, base: Mapping[str, Any] | None = None) -> Toxic:
         """Validate JSON attributes, on top of `base` (an update) or the defaults (a create)."""
+        return cls(cls.validate(raw, base))
+
+    @classmethod
+    async def build(cls, raw: object, base: Mapping[str, Any] | None = None) -> Toxic:
+        """from_attributes for the API: a toxic that needs I/O to configure (a file to read)
+        overrides this to do it without blocking the event loop."""
+        return cls.from_attributes(raw, base)
+
+    @classmethod
+    def validate(cls, raw: object, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The attribute values `raw` (JSON) gives, on top of `base` or the defaults."""
         if raw is None:
             raw = {}
         if not isinstance(raw, dict):
@@ -149,7 +170,7 @@ class Toxic(abc.ABC):
         values = dict(base) if base is not None else {a.name: a.default for a in cls.attrs}
         for name, value in raw.items():
             values[name] = _coerce(cls.type_name, known[name], value)
-        return cls(values)
+        return values
 
     def configure(self) -> None:  # noqa: B027 - optional hook
         """Read `self.values` into typed fields; raise ApiError(400) on inconsistent values."""

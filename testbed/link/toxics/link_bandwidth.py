@@ -24,7 +24,8 @@ on top of serialization, as on a real link.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from testbed.link.errors import bad_request
 from testbed.link.pacer import Pacer, piece_size
@@ -35,6 +36,7 @@ from testbed.link.schedule import (
     load_schedule_file,
     parse_rate_kbps,
     parse_steps,
+    read_schedule_file,
 )
 from testbed.link.toxics.base import Attr, Toxic
 
@@ -54,6 +56,24 @@ class LinkBandwidthToxic(Toxic):
     live_update: ClassVar[bool] = True
     extension: ClassVar[bool] = True
 
+    def __init__(
+        self, values: Mapping[str, Any], file_steps: list[tuple[float, float]] | None = None
+    ) -> None:
+        self._file_steps = file_steps  # schedule_file, already read (see build)
+        super().__init__(values)
+
+    @classmethod
+    async def build(cls, raw: object, base: Mapping[str, Any] | None = None) -> Toxic:
+        """Read `schedule_file` in a thread, bounded in size and time, then configure."""
+        values = cls.validate(raw, base)
+        steps = None
+        if values["schedule_file"] and not values["schedule"]:
+            try:
+                steps = await read_schedule_file(values["schedule_file"])
+            except ScheduleError as exc:
+                raise bad_request(str(exc)) from None
+        return cls(values, steps)
+
     def configure(self) -> None:
         v = self.values
         if v["rate"] < 0:
@@ -65,7 +85,9 @@ class LinkBandwidthToxic(Toxic):
         try:
             steps = parse_steps(v["schedule"]) if v["schedule"] else []
             if v["schedule_file"]:
-                steps = load_schedule_file(v["schedule_file"])
+                # Read by build() off the event loop; a direct from_attributes() (Python
+                # callers, not the API) reads it here, still bounded in size.
+                steps = self._file_steps or load_schedule_file(v["schedule_file"])
             if v["rate"] > 0:
                 initial = parse_rate_kbps(v["rate"], "rate")
             elif steps and steps[0][0] == 0:
