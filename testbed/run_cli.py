@@ -76,9 +76,7 @@ def _run(args: argparse.Namespace) -> int:
     for check in result.checks:
         print(f"check {check.name}: {'ok' if check.ok else 'FAILED'} - {check.detail}")
     print(f"results: {out}/ (requests.jsonl, summary.json, report.md, timeline.png)")
-    if result.interrupted:
-        return 130
-    return 0 if result.ok else 1
+    return result.exit_code
 
 
 def _list(_args: argparse.Namespace) -> int:

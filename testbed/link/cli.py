@@ -21,8 +21,10 @@ __all__ = ["add_parser"]
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    from testbed.lifeline import die_with_parent
     from testbed.link.server import serve
 
+    die_with_parent()  # started by a runner: never outlive it (testbed.lifeline)
     coro = serve(args.host, args.port, seed=args.seed, config=args.config)
     try:
         import uvloop

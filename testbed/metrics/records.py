@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from testbed.metrics.files import write_jsonl_atomic
+
 Status = Literal["completed", "failed"]
 Route = Literal["prfaas", "local"]
 
@@ -113,9 +115,8 @@ class HistoryEvent:
 
 
 def write_jsonl(path: Path, docs: Iterable[dict[str, Any]]) -> None:
-    with path.open("w") as fh:
-        for doc in docs:
-            fh.write(json.dumps(doc, separators=(",", ":")) + "\n")
+    """Write a whole JSON-lines file atomically (testbed.metrics.files)."""
+    write_jsonl_atomic(path, docs)
 
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from testbed.metrics.files import atomic_write
 from testbed.scenario.checkers import CheckResult
 from testbed.units import format_size, format_tokens
 
@@ -311,5 +312,5 @@ def write_report(
     out_dir.mkdir(parents=True, exist_ok=True)
     timeline = "timeline.png" if (out_dir / "timeline.png").exists() else None
     path = out_dir / "report.md"
-    path.write_text(render_report(scenario_name, summary, checks, notes, timeline=timeline))
+    atomic_write(path, render_report(scenario_name, summary, checks, notes, timeline=timeline))
     return path

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from testbed.metrics.files import atomic_path
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.metrics.summary import queue_depth_series
 
@@ -205,7 +206,8 @@ def write_timeline(
     for ax in axes:
         ax.grid(True, alpha=0.3)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    with atomic_path(path) as tmp:  # a reader never sees half a PNG
+        fig.savefig(tmp, dpi=100, format="png")
     return path
 
 

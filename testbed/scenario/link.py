@@ -24,6 +24,7 @@ from typing import Any
 
 from testbed.config import LinkConfig, ScaleConfig
 from testbed.errors import UserError
+from testbed.lifeline import child_env
 from testbed.link.client import LinkClient
 
 __all__ = ["LINK_GROUP", "LinkSetup", "add_link_proxies", "start_link"]
@@ -128,6 +129,7 @@ async def _spawn_emulator(
         stdout=asyncio.subprocess.PIPE,
         stderr=stderr,
         start_new_session=True,
+        env=child_env(),  # the emulator dies with this process (testbed.lifeline)
     )
     if hasattr(stderr, "close"):
         stderr.close()

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from testbed.metrics.files import atomic_write
 from testbed.metrics.records import HistoryEvent, RequestRecord, write_jsonl
 from testbed.metrics.report import write_report
 from testbed.metrics.summary import summarize
@@ -77,7 +78,7 @@ def write_results(
         ),
     )
     summary["checks"] = [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks]
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     write_timeline(
         out / "timeline.png",
         records,

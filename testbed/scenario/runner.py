@@ -5,7 +5,9 @@ Order of a run: plan (threshold, PD split, arrival rate) -> start decode workers
 in front of their KV ports -> start prefill workers and the router -> replay the requests on the
 wall clock (real-world time / time_scale) -> drain -> collect engine statistics -> stop services
 -> write requests.jsonl, history.jsonl, summary.json, report.md and timeline.png -> run checkers.
-Ctrl-C stops submitting, fails what is in flight with a reason, and still writes everything.
+Ctrl-C, SIGTERM and SIGHUP stop submitting, fail what is in flight with a reason, and still
+write everything; records are journaled to requests.jsonl / history.jsonl as they end, so even a
+SIGKILL of the runner loses at most the line being written (testbed.metrics.files).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from testbed.config import DeploymentConfig, Scenario
 from testbed.engine.torch import live
 from testbed.errors import UserError
 from testbed.kvcache.manager import cluster_capacities
-from testbed.metrics.records import HistoryEvent, RequestRecord, write_jsonl
+from testbed.metrics.files import Journal, write_jsonl_atomic
+from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.plan_cli import plan_inputs
 from testbed.planner import StagePlan, plan_deployment
 from testbed.policy import POLICIES, POLICY_DEPLOYMENT_KIND
@@ -110,10 +113,39 @@ class RunResult:
     checks: list[Any]
     interrupted: bool = False
     notes: list[str] = field(default_factory=list)
+    signal: int | None = None
+    """The signal that stopped the run early (SIGINT, SIGTERM, SIGHUP), if one did."""
 
     @property
     def ok(self) -> bool:
         return all(c.ok for c in self.checks)
+
+    @property
+    def exit_code(self) -> int:
+        """What `testbed run` exits with: 128 + the signal when one stopped it (130 for
+        Ctrl-C, 143 for SIGTERM, 129 for SIGHUP), else 0 when every checker passed, 1 if not."""
+        if self.signal is not None:
+            return 128 + self.signal
+        if self.interrupted:
+            return 128 + signal.SIGINT
+        return 0 if self.ok else 1
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Signals that end a run early but cleanly: stop submitting, fail in-flight, write everything."""
+
+
+class _History(list[HistoryEvent]):
+    """The run's history, journaled to history.jsonl as it grows (see testbed.metrics.files)."""
+
+    def __init__(self, journal: Journal | None = None) -> None:
+        super().__init__()
+        self.journal = journal
+
+    def append(self, event: HistoryEvent) -> None:
+        super().append(event)
+        if self.journal is not None:
+            self.journal.append(event.to_json())
 
 
 def make_substrate(name: str, log_dir: Path) -> Substrate:
@@ -237,11 +269,29 @@ class _Run:
         self.router: ServiceHandle | None = None
         self.link: LinkSetup | None = None
         self.records: dict[str, RequestRecord] = {}
-        self.history: list[HistoryEvent] = []
+        self.record_journal: Journal | None = None
+        self.history = _History()
         self.submitted: list[str] = []
         self.stop = asyncio.Event()
         self.interrupted = False
+        self.signal: int | None = None
         self.notes: list[str] = []
+
+    def journal_to(self, out_dir: Path) -> None:
+        """Append records and history events to their files as they happen (see `_History`)."""
+        self.record_journal = Journal(out_dir / "requests.jsonl")
+        self.history.journal = Journal(out_dir / "history.jsonl")
+
+    def close_journals(self) -> None:
+        for journal in (self.record_journal, self.history.journal):
+            if journal is not None:
+                journal.close()
+
+    def _record(self, rec: RequestRecord) -> None:
+        """A request ended: keep its record and put it on disk at once."""
+        self.records[rec.id] = rec
+        if self.record_journal is not None:
+            self.record_journal.append(rec.to_json())
 
     def real_now(self) -> float:
         return (time.monotonic() - self.load_start) * self.k
@@ -390,26 +440,33 @@ class _Run:
                 async for line in resp.content:
                     if line.startswith(b'{"record"'):
                         doc = json.loads(line)["record"]
-                        self.records[req.id] = _shift(RequestRecord.from_json(doc), offset)
+                        self._record(_shift(RequestRecord.from_json(doc), offset))
                         return
             raise RuntimeError("router stream ended without a record")
         except asyncio.CancelledError:
-            self._fail(
-                req, "interrupted" if self.interrupted else "not finished before drain timeout"
-            )
+            self._fail(req, self.stop_reason or "not finished before drain timeout")
             raise
         except (aiohttp.ClientError, RuntimeError, TimeoutError, json.JSONDecodeError) as exc:
             self._fail(req, f"client: {type(exc).__name__}: {exc}")
 
+    @property
+    def stop_reason(self) -> str | None:
+        """Why in-flight requests are failed when the run stops early, if it does."""
+        if self.signal is not None:
+            return f"interrupted ({signal.Signals(self.signal).name})"
+        return "interrupted" if self.interrupted else None
+
     def _fail(self, req: RequestSpec, reason: str) -> None:
         if req.id not in self.records:
-            self.records[req.id] = RequestRecord(
-                id=req.id,
-                input_tokens=req.input_tokens,
-                output_tokens=req.output_tokens,
-                arrival=req.arrival,
-                status="failed",
-                failure_reason=reason,
+            self._record(
+                RequestRecord(
+                    id=req.id,
+                    input_tokens=req.input_tokens,
+                    output_tokens=req.output_tokens,
+                    arrival=req.arrival,
+                    status="failed",
+                    failure_reason=reason,
+                )
             )
 
     async def _sample(self, session: aiohttp.ClientSession) -> None:
@@ -550,24 +607,39 @@ async def run_scenario(
 
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     run = _Run(rp, opts)
+    run.journal_to(opts.out_dir)
     loop = asyncio.get_running_loop()
 
-    def _interrupt() -> None:
-        if run.interrupted:  # a second Ctrl-C: stop waiting for anything
+    def _interrupt(sig: int) -> None:
+        if run.interrupted:  # a second signal: stop waiting for anything
             raise KeyboardInterrupt
         run.interrupted = True
-        run.notes.append("interrupted by the user (Ctrl-C); in-flight requests failed")
+        run.signal = sig
+        name = "Ctrl-C" if sig == signal.SIGINT else signal.Signals(sig).name
+        run.notes.append(f"interrupted by {name}; in-flight requests failed")
         run.stop.set()
 
-    with contextlib.suppress(NotImplementedError, RuntimeError):
-        loop.add_signal_handler(signal.SIGINT, _interrupt)
+    installed = []
+    for sig in STOP_SIGNALS:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, _interrupt, int(sig))
+            installed.append(sig)
     try:
-        await run.start()
-        await run.drive(on_progress or (lambda done, submitted: None))
+        try:
+            await run.start()
+            await run.drive(on_progress or (lambda done, submitted: None))
+        finally:
+            await run.shutdown()
+        run.close_journals()
+        records = [run.records[i] for i in run.submitted if i in run.records]
+        write_jsonl_atomic(opts.out_dir / "history.jsonl", (e.to_json() for e in run.history))
+        result = write_results(
+            rp, opts, run.submitted, records, run.history, run.notes, run.interrupted
+        )
+        result.signal = run.signal
+        return result
     finally:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.remove_signal_handler(signal.SIGINT)
-        await run.shutdown()
-    records = [run.records[i] for i in run.submitted if i in run.records]
-    write_jsonl(opts.out_dir / "history.jsonl", (e.to_json() for e in run.history))
-    return write_results(rp, opts, run.submitted, records, run.history, run.notes, run.interrupted)
+        run.close_journals()
+        for sig in installed:  # kept until the files are written: a signal then is the 2nd
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)

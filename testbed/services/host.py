@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from testbed.lifeline import die_with_parent
 from testbed.services.spec import ServiceSpec
 from testbed.serving import DEFAULT_LIMITS, ServingLimits, start_http
 
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m testbed.services.host SPEC_JSON", file=sys.stderr)
         return 2
     spec = ServiceSpec.model_validate_json(args[0])
+    die_with_parent()  # started by a runner: never outlive it (testbed.lifeline)
     try:
         import uvloop
 

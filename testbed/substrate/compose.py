@@ -42,6 +42,7 @@ import random
 import re
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -86,6 +87,9 @@ IMAGE_PYTHON = "3.11"
 LABEL = "com.prfaas-testbed.project"
 RUN_LABEL = "com.prfaas-testbed.run"
 SERVICE_LABEL = "com.prfaas-testbed.service"
+OWNER_LABEL = "com.prfaas-testbed.owner"
+"""`host:pid:start` of the runner that made a run's objects: a later run (or `make down`) removes
+the objects of a runner that died without cleaning up (SIGKILL, a crash), see reap_orphans."""
 
 HTTP_PORT = 8000
 KV_PORT = 9000
@@ -312,6 +316,57 @@ def down(run: str | None = None, *, log: Log = _log) -> dict[str, int]:
     return removed
 
 
+def _process_start(pid: int) -> str | None:
+    """The kernel's start time of a process (clock ticks since boot), None if it is gone.
+
+    With the pid it names one process for good: a pid reused later has another start time.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] == "Z" else fields[19]
+
+
+def owner_tag() -> str:
+    """This process as the owner of the objects it creates (OWNER_LABEL)."""
+    pid = os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_process_start(pid)}"
+
+
+def _owner_alive(tag: str) -> bool:
+    """Whether the runner named by an owner tag still runs (runs of other hosts count as alive)."""
+    host, _, rest = tag.partition(":")
+    pid, _, start = rest.partition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    return _process_start(int(pid)) == start
+
+
+def reap_orphans(*, log: Log = _log) -> list[str]:
+    """Remove every run whose runner died without cleaning up; returns their names.
+
+    Runs without an owner label (a compose file brought up by hand) are left alone.
+    """
+    client = docker_client()
+    owners: dict[str, str] = {}
+    objects = [
+        *client.containers.list(all=True, filters={"label": LABEL}),
+        *client.networks.list(filters={"label": LABEL}),
+    ]
+    for obj in objects:
+        labels = obj.attrs.get("Labels") or obj.attrs.get("Config", {}).get("Labels") or {}
+        run, owner = labels.get(RUN_LABEL), labels.get(OWNER_LABEL)
+        if run and owner:
+            owners.setdefault(run, owner)
+    dead = sorted(run for run, owner in owners.items() if not _owner_alive(owner))
+    for run in dead:
+        removed = down(run, log=log)
+        log(f"removed {run}, left by a runner that died: {removed}")
+    return dead
+
+
 def leftovers(run: str | None = None) -> dict[str, list[str]]:
     """Names of what is left of one run (or of any run): empty lists after `down`."""
     client = docker_client()
@@ -434,6 +489,7 @@ class ComposeSubstrate:
                 raise UserError("the compose substrate was stopped")
             self.client = await asyncio.to_thread(docker_client)
             self._compose = await asyncio.to_thread(compose_command)
+            await asyncio.to_thread(reap_orphans, log=self.log)
             await asyncio.to_thread(ensure_images, log=self.log)
             self._note("images current")
             self._up = True  # from here on stop_all has something to clean up
@@ -462,6 +518,7 @@ class ComposeSubstrate:
         self._env = {
             "COMPOSE_PROJECT_NAME": self.project,
             "TESTBED_RUN": self.project,
+            "TESTBED_OWNER": owner_tag(),
             "TESTBED_IMAGE": self.image,
             "TESTBED_SEED": str(self._seed),
             "TESTBED_PRFAAS_SUBNET": self.subnets["prfaas"],
@@ -609,6 +666,7 @@ class ComposeSubstrate:
             "labels": {
                 LABEL: "1",
                 RUN_LABEL: "${TESTBED_RUN}",
+                OWNER_LABEL: "${TESTBED_OWNER}",
                 SERVICE_LABEL: spec.id,
             },
             "networks": {spec.cluster: {"ipv4_address": ip}, "ctl": {}},
@@ -631,7 +689,12 @@ class ComposeSubstrate:
             self.image,
             ["python", "-m", "testbed.services.host", spec.model_dump_json()],
             name=name,
-            labels={LABEL: "1", RUN_LABEL: self.project, SERVICE_LABEL: spec.id},
+            labels={
+                LABEL: "1",
+                RUN_LABEL: self.project,
+                OWNER_LABEL: owner_tag(),
+                SERVICE_LABEL: spec.id,
+            },
             init=True,
             detach=True,
             environment={"PYTHONUNBUFFERED": "1"},

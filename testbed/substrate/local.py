@@ -18,6 +18,7 @@ from pathlib import Path
 
 from testbed.config import LinkConfig, ScaleConfig
 from testbed.errors import UserError
+from testbed.lifeline import child_env
 from testbed.scenario.link import LinkSetup, start_link
 from testbed.services.spec import ServiceSpec
 from testbed.substrate.base import ServiceHandle
@@ -51,7 +52,7 @@ async def start_service(
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"{spec.id}.log"
         stderr = log_path.open("ab")  # append: a restarted service keeps its first life's log
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = child_env({**os.environ, "PYTHONUNBUFFERED": "1"})  # dies with us: testbed.lifeline
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
