@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _spec(role: str, sid: str, **kw: Any) -> ServiceSpec:
-    return ServiceSpec(role=role, id=sid, time_scale=200.0, byte_scale=1e4, **kw)  # type: ignore[arg-type]
+    return ServiceSpec(role=role, id=sid, time_scale=200.0, byte_scale=1e4, **kw)
 
 
 @pytest.fixture
@@ -95,7 +95,8 @@ async def test_abort_frames_with_guessed_ids_fail_nothing(
     for rec in recs:
         assert rec["status"] == "completed", rec["failure_reason"]
         assert rec["retries"] == 0 and rec["kv_verified"]
-    assert [r["id"] for r in recs] == ["mine", "q000001"]  # the client-visible ids are kept
+    # the client-visible ids are kept in the records: the second is a router id we "guessed"
+    assert recs[0]["id"] == "mine" and recs[1]["id"] in guessed
     # frames sent while the requests ran (the ids are known by now) fail nothing either
     flood = asyncio.create_task(_abort_flood(decode.ports["kv"], guessed))
     rec = await _generate(router, {"id": "mine-2", "input_tokens": 2000, "output_tokens": 4})

@@ -80,3 +80,48 @@ async def test_prefill_without_known_targets_refuses_and_connects_nowhere(
         assert listener.accepted == 0
     finally:
         await client.close()
+
+
+async def test_prefill_sends_only_to_the_targets_it_was_given(listener: _Listener) -> None:
+    from testbed.transfer import KVReceiver
+
+    async with KVReceiver() as rx:
+        known = ("127.0.0.1", rx.port)
+        client = await _client(kv_targets=[known], byte_scale=1e5)
+        try:
+            body = {"id": "w", "uncached_tokens": 100, "kv_host": "127.0.0.1"}
+            status, doc = await _post(client, "/prefill", {**body, "kv_port": listener.port})
+            assert status == 403 and "not a KV receiver" in doc["error"]
+            send = {"id": "w", "tokens": 100, "kv_host": "127.0.0.1", "kv_port": listener.port}
+            status, doc = await _post(client, "/prefix/send", send)
+            assert status == 403
+            # a spec's list is for good: nobody can widen it
+            status, doc = await _post(client, "/targets", {"targets": [["127.0.0.1", 9]]})
+            assert status == 409
+            # the known receiver is served (it expects the id, as a decode would)
+            rx.expect("w")
+            status, doc = await _post(client, "/prefill", {**body, "kv_port": rx.port})
+            assert status == 200, doc
+            assert (await rx.wait("w", 5)).total_bytes == doc["kv_wire_bytes_sent"] > 0
+        finally:
+            await client.close()
+    await asyncio.sleep(0.05)
+    assert listener.accepted == 0
+
+
+async def test_targets_can_be_set_once(listener: _Listener) -> None:
+    client = await _client()
+    try:
+        for bad in (None, [], [["h"]], [["h", 0]], [["", 1]], [["h", "1"]], [["h", True]]):
+            status, _ = await _post(client, "/targets", {"targets": bad})
+            assert status == 400, bad
+        status, _ = await _post(client, "/targets", {"targets": [["127.0.0.1", 9]]})
+        assert status == 200
+        status, _ = await _post(client, "/targets", {"targets": [["127.0.0.1", listener.port]]})
+        assert status == 409  # first come, for good
+        body = {"id": "x", "uncached_tokens": 100, "kv_host": "127.0.0.1", "kv_port": listener.port}
+        status, _ = await _post(client, "/prefill", body)
+        assert status == 403
+        assert listener.accepted == 0
+    finally:
+        await client.close()

@@ -96,12 +96,13 @@ async def test_a_tiny_frame_announcing_a_huge_layer_allocates_nothing() -> None:
 
 async def test_stalled_headers_do_not_pin_what_they_promise() -> None:
     """Flood (c): 10 connections whose headers promise 16 MiB, then stall."""
+    promised = b"x" * (16 * MIB)  # only the headers are sent
+    heads = [encode_frame(DataFrame(f"stall-{i}", 0, 0, 16 * MIB, promised))[0] for i in range(10)]
     async with KVReceiver(frame_timeout=60) as rx:
         writers = []
         async with _traced() as growth:
-            for i in range(10):
+            for head in heads:
                 _, w = await asyncio.open_connection("127.0.0.1", rx.port)
-                head, _ = encode_frame(DataFrame(f"stall-{i}", 0, 0, 16 * MIB, b"x" * (16 * MIB)))
                 w.write(head + b"y" * 1000)
                 await w.drain()
                 writers.append(w)
@@ -129,3 +130,136 @@ async def test_an_expected_request_still_round_trips(connections: int) -> None:
         assert [bytes(b) for b in got] == [bytes(v) for v in SOURCE.layers("ok", sizes)]
         rx.discard("ok")
         assert rx.stats().payload_bytes == 0
+
+
+async def test_an_expected_request_holds_only_the_bytes_that_arrived() -> None:
+    """Flood (b) with a known id: the kept payload grows with the bytes, not the header's size."""
+    async with KVReceiver(keep_payload=True) as rx:
+        rx.expect("known")
+        reader, writer = await asyncio.open_connection("127.0.0.1", rx.port)
+        async with _traced() as growth:
+            writer.write(encode_frame_bytes(DataFrame("known", 0, 5, 256 * MIB, b"x")))
+            writer.write(encode_frame_bytes(DataFrame("known", 0, 0, 256 * MIB, b"y" * 1000)))
+            acks = await _read_acks(reader, 2)
+        writer.close()
+        assert [a.status for a in acks] == [AckStatus.PROGRESS] * 2
+        assert rx.stats().payload_bytes <= 1001
+        rx.discard("known")
+        assert rx.stats().payload_bytes == 0
+    assert growth[0] < 4 * MIB
+
+
+async def test_frames_may_not_announce_more_than_the_expected_size() -> None:
+    async with KVReceiver(keep_payload=True) as rx:
+        rx.expect("small", total_bytes=1000)
+        reader, writer = await asyncio.open_connection("127.0.0.1", rx.port)
+        writer.write(encode_frame_bytes(DataFrame("small", 0, 0, 256 * MIB, b"x")))
+        (ack,) = await _read_acks(reader, 1)
+        writer.close()
+        assert ack.status is AckStatus.FAILED and "1000 bytes expected" in ack.detail
+        assert rx.status("small") == "failed" and rx.stats().payload_bytes == 0
+
+
+async def test_corrupt_frames_for_unexpected_ids_create_no_state() -> None:
+    async with KVReceiver() as rx:
+        raw = bytearray(encode_frame_bytes(DataFrame("nobody", 0, 0, 10, b"0123456789")))
+        raw[-1] ^= 0xFF
+        reader, writer = await asyncio.open_connection("127.0.0.1", rx.port)
+        writer.write(bytes(raw))
+        (ack,) = await _read_acks(reader, 1)
+        writer.close()
+        assert ack.status is AckStatus.FAILED
+        stats = rx.stats()
+        assert stats.checksum_failures == 1 and stats.frames_refused == 1
+        assert stats.requests_tracked == 0 and rx.status("nobody") is None
+
+
+async def test_expected_requests_past_their_deadline_are_failed_and_freed() -> None:
+    now = [0.0]
+    async with KVReceiver(keep_payload=True, clock=lambda: now[0], retired_capacity=3) as rx:
+        rx.expect("late", ttl=10)
+        rx.expect("default")  # no ttl, no default: kept until discarded
+        reader, writer = await asyncio.open_connection("127.0.0.1", rx.port)
+        writer.write(encode_frame_bytes(DataFrame("late", 0, 0, 100, b"x" * 50)))
+        await _read_acks(reader, 1)
+        assert rx.stats().payload_bytes == 50
+        waiter = asyncio.create_task(rx.wait("late", None))
+        now[0] = 10.0
+        assert rx.reassembler.expire() == 1
+        with pytest.raises(Exception, match="deadline"):
+            await waiter
+        stats = rx.stats()
+        assert stats.requests_tracked == 1 and stats.requests_expired == 1
+        assert stats.payload_bytes == 0 and rx.status("late") == "failed"
+        # late frames get the final status, without state coming back
+        writer.write(encode_frame_bytes(DataFrame("late", 0, 50, 100, b"x" * 50)))
+        (ack,) = await _read_acks(reader, 1)
+        writer.close()
+        assert ack.status is AckStatus.FAILED and rx.stats().payload_bytes == 0
+        # retired state is bounded
+        for i in range(10):
+            rx.expect(f"r{i}")
+            rx.discard(f"r{i}")
+        assert rx.stats().requests_retired == 3
+
+
+async def test_expect_refuses_known_ids_and_too_many_requests() -> None:
+    from testbed.transfer import ReceiverFull
+
+    async with KVReceiver(max_requests=2) as rx:
+        rx.expect("a")
+        with pytest.raises(ValueError, match="already known"):
+            rx.expect("a")
+        rx.expect("b")
+        with pytest.raises(ReceiverFull):
+            rx.expect("c")
+        rx.discard("a")
+        with pytest.raises(ValueError, match="already known"):
+            rx.expect("a")  # a retired id is not reused
+        rx.expect("c")
+        with pytest.raises(KeyError):
+            await rx.wait("never-announced", 1)
+
+
+async def test_connections_beyond_the_cap_are_refused() -> None:
+    async with KVReceiver(max_connections=3) as rx:
+        conns = [await asyncio.open_connection("127.0.0.1", rx.port) for _ in range(6)]
+        closed = 0
+        for reader, _ in conns:
+            with contextlib.suppress(ConnectionError, TimeoutError):
+                async with asyncio.timeout(0.5):
+                    if await reader.read() == b"":
+                        closed += 1
+        assert closed == 3
+        stats = rx.stats()
+        assert stats.connections_open == 3 and stats.connections_refused == 3
+        for _, w in conns:
+            w.close()
+
+
+async def test_all_connections_share_one_buffer_budget() -> None:
+    """Ten connections each send 2 MiB of a 4 MiB frame: together they hold at most the budget
+    plus one overdraft, not 20 MiB; once the frames complete, everyone gets through."""
+    budget = 4 * MIB
+    payload = b"z" * (4 * MIB)
+    async with KVReceiver(max_buffer_bytes=budget, frame_timeout=60) as rx:
+        writers = []
+        frames = []
+        for i in range(10):
+            rx.expect(f"b{i}")
+            frames.append(encode_frame_bytes(DataFrame(f"b{i}", 0, 0, 4 * MIB, payload)))
+        for i in range(10):
+            reader, w = await asyncio.open_connection("127.0.0.1", rx.port)
+            w.write(frames[i][: 2 * MIB])
+            writers.append((reader, w))
+        await _settle(100)
+        peak = rx.stats().buffer_bytes
+        assert peak <= budget + 5 * MIB, peak / MIB
+        for i, (_, w) in enumerate(writers):
+            w.write(frames[i][2 * MIB :])
+        for reader, _ in writers:
+            (ack,) = await _read_acks(reader, 1)
+            assert ack.status is AckStatus.PROGRESS
+        for _, w in writers:
+            w.close()
+        assert rx.stats().bytes_received == 10 * 4 * MIB
