@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 _MIN_FREE = 16 << 10  # never offer the kernel less than this much buffer space
 _INITIAL_BUFFER = 64 << 10  # a connection's buffer before any bytes arrived
+_STREAM_BUFFER = 1 << 20  # what a connection that keeps streaming grows to (fewer copies)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +101,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.peer: object = None
         self._paused_acks = False  # the sender does not read its ACKs
         self._paused_memory = False  # the buffer is full and the budget allows no more
+        self._received = 0  # bytes received so far
 
     @property
     def buffer_size(self) -> int:
@@ -138,6 +140,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._end += nbytes
+        self._received += nbytes
         self.last_activity = time.monotonic()
         try:
             self._parse()
@@ -200,23 +203,33 @@ class _Connection(asyncio.BufferedProtocol):
         self._start, self._end = 0, held
 
     def _grow(self) -> bool:
-        """Make room for at least _MIN_FREE more bytes; False if the budget allows no more."""
+        """Make room for at least _MIN_FREE more bytes; False if the budget allows no more.
+
+        Moving the unparsed bytes to the front is enough while they fill at most half the
+        buffer, unless the connection keeps streaming (it sent more than twice the buffer) and
+        the buffer is still under _STREAM_BUFFER: then it doubles, so frames are copied forward
+        less often. Either way the buffer stays within a few times the bytes the peer really
+        sent: a header's promise alone grows nothing."""
         held = self._end - self._start
         size = len(self._buf)
-        frame = HEADER_SIZE if self._header is None else self._header.rest_len
-        remaining = frame - held
-        # Double, but never past what the frame being read can still use (plus a next header).
-        want = max(held + _MIN_FREE, min(2 * size, held + max(remaining, 0) + _MIN_FREE))
-        if want <= size:  # moving the unparsed bytes to the front is enough
-            if self._start:
-                tail = bytes(self._view[self._start : self._end])
-                self._view[:held] = tail
-                self._start, self._end = 0, held
+        room = size - held >= _MIN_FREE
+        streaming = size < _STREAM_BUFFER and self._received > 2 * size
+        if room and held <= size // 2 and not streaming:
+            self._compact()
             return True
-        if not self._rx.budget.take(self, want - size):
-            return False
-        self._resize(want)
-        return True
+        if self._rx.budget.take(self, max(2 * size, held + _MIN_FREE) - size):
+            self._resize(max(2 * size, held + _MIN_FREE))
+            return True
+        if room:  # no memory to grow into: make do with what is there
+            self._compact()
+            return True
+        return False
+
+    def _compact(self) -> None:
+        if self._start:
+            held = self._end - self._start
+            self._view[:held] = bytes(self._view[self._start : self._end])
+            self._start, self._end = 0, held
 
     def retry_grow(self) -> bool:
         """The budget has memory again: grow and read on (BufferBudget's Waiter)."""
