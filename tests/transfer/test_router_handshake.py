@@ -160,3 +160,86 @@ async def test_each_attempt_gets_a_fresh_unguessable_wire_id(
     assert len(set(ids)) == 3
     assert not any(i.startswith("q0") for i in ids)
     assert [b["request"] for b in fakes.decode_bodies] == ["q000001", "q000002", "q000003"]
+
+
+async def test_a_prefix_pull_is_sent_only_after_the_receiver_registered_it() -> None:
+    import aiohttp
+
+    from testbed.services import cache_pull
+
+    events: list[str] = []
+    release, sent = asyncio.Event(), asyncio.Event()
+    seen: dict[str, Any] = {}
+
+    async def receive(request: web.Request) -> web.StreamResponse:
+        seen["receive"] = await request.json()
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await release.wait()
+        events.append("registered")
+        await resp.write(b'{"expecting":true}\n')
+        await sent.wait()
+        await resp.write(b'{"kv_wire_bytes":1,"kv_verified":true}\n')
+        return resp
+
+    async def send(request: web.Request) -> web.Response:
+        seen["send"] = await request.json()
+        if "targets" not in seen:
+            events.append("send refused: no targets")
+            return web.json_response({"error": "no targets"}, status=428)
+        events.append("send")
+        sent.set()
+        return web.json_response({"kv_wire_bytes_sent": 1})
+
+    async def targets(request: web.Request) -> web.Response:
+        seen["targets"] = (await request.json())["targets"]
+        events.append("targets")
+        return web.json_response({})
+
+    dst, src = web.Application(), web.Application()
+    dst.router.add_post("/prefix/receive", receive)
+    src.router.add_post("/prefix/send", send)
+    src.router.add_post("/targets", targets)
+    servers = [TestServer(dst), TestServer(src)]
+    for s in servers:
+        await s.start_server()
+    target = InstanceInfo(
+        id="d",
+        cluster="local",
+        role="decode",
+        url=str(servers[0].make_url("")),
+        kv_link_host="127.0.0.2",
+        kv_link_port=7002,
+    )
+    source = InstanceInfo(
+        id="p", cluster="prfaas", role="prefill", url=str(servers[1].make_url(""))
+    )
+    try:
+        async with aiohttp.ClientSession() as session, asyncio.timeout(30):
+            pull = asyncio.create_task(
+                cache_pull.pull_prefix(
+                    session,
+                    source=source,
+                    target=target,
+                    tokens=1024,
+                    model=ServiceSpec(role="router", id="r").model,
+                    byte_scale=1e4,
+                    time_scale=1.0,
+                    timeout_s=20,
+                    label="client-7",
+                    kv_targets=[("127.0.0.2", 7002)],
+                )
+            )
+            for _ in range(20):
+                await asyncio.sleep(0.01)
+            assert events == []  # nothing is sent before the receiver expects it
+            release.set()
+            result = await pull
+    finally:
+        for s in servers:
+            await s.close()
+    assert result.ok, result.status
+    assert events == ["registered", "send refused: no targets", "targets", "send"]
+    assert seen["targets"] == [["127.0.0.2", 7002]]
+    assert seen["receive"]["id"] == seen["send"]["id"] != "client-7"
+    assert seen["receive"]["request"] == "client-7"
