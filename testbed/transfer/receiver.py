@@ -82,8 +82,8 @@ class _Connection(asyncio.BufferedProtocol):
     """One sender connection: parse frames in place, hand them to the reassembler, ACK.
 
     The read buffer starts small and grows only when the bytes that really arrived fill it
-    (doubling, never past what the frame being read still needs), within the receiver's
-    BufferBudget; a header's promise alone allocates nothing.
+    (see `_grow`), within the receiver's BufferBudget; a header's promise alone allocates
+    nothing, and an idle connection's buffer shrinks back.
     """
 
     def __init__(self, receiver: KVReceiver) -> None:
@@ -496,9 +496,13 @@ class KVReceiver:
             return False
         if len(self._conns) >= self._max_connections:
             self._conns_refused += 1
-            log.warning(
-                "refusing KV connection from %s: %d connections open", conn.peer, len(self._conns)
-            )
+            if self._conns_refused % 1000 == 1:  # a flood must not flood the log too
+                log.warning(
+                    "refusing KV connections beyond %d (from %s; %d refused so far)",
+                    self._max_connections,
+                    conn.peer,
+                    self._conns_refused,
+                )
             conn.abort()
             return False
         self._conns.add(conn)
