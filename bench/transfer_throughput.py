@@ -48,6 +48,9 @@ def _receiver_main(pipe: Connection, use_uvloop: bool) -> None:
                 msg = await asyncio.to_thread(pipe.recv)
                 if msg is None:
                     return
+                for rid in msg:  # a receiver accepts frames only for ids it expects
+                    rx.expect(rid)
+                pipe.send("ready")
                 cpu0 = time.process_time()
                 before = rx.stats().bytes_received
                 for rid in msg:
@@ -91,6 +94,7 @@ def throughput(
     n = max(1, total_bytes // REQUEST_BYTES)
     ids = [f"c{connections}-{algo.name}-{i}-{time.monotonic_ns()}" for i in range(n)]
     pipe.send(ids)
+    assert pipe.recv() == "ready"  # the receiver expects the ids before anything is sent
     wall, sender_cpu = _run(_send_batch(port, connections, algo, ids, source), use_uvloop)
     received, receiver_cpu = pipe.recv()
     assert received == n * REQUEST_BYTES, (received, n * REQUEST_BYTES)

@@ -53,6 +53,8 @@ async def test_flipped_byte_fails_the_request_with_a_reason_and_nothing_is_decod
     prompt = list(range(7, 57))
     res = await TorchPrefillEngine(model).run(prompt)
     async with KVReceiver(keep_payload=True, frame_timeout=5.0) as rx:
+        rx.expect("bad")
+        rx.expect("good")  # a receiver accepts frames only for ids it expects
         async with (
             FaultProxy(rx.port, flip_at=48 + 3 + 100) as flip,
             KVSender("127.0.0.1", flip.port, connections=1, max_retries=0) as sender,

@@ -368,6 +368,11 @@ class _Run:
                 self._spec("prefill", f"local-prefill-{i}", "local", dep.local.hardware)
                 for i in range(self.rp.n_prefill)
             ]
+        # Prefill workers send KV only to the deployment's receivers (services/kv_targets.py);
+        # PD instances, started above, get the same list from the router when they ask.
+        kv_targets = sorted(set(kv_addrs.values()) | set(self.link.routes.values()))
+        for spec in prefill_specs:
+            spec.kv_targets = kv_targets
         prefills = await self._start_all(prefill_specs)
         instances = [
             InstanceInfo(id=p.spec.id, cluster=p.spec.cluster, role="prefill", url=p.url)

@@ -1,10 +1,12 @@
 """The decode worker: receives KV, admits a request once its KV is complete and verified,
 decodes it in a continuous batch and streams tokens back, coalesced.
 
-`POST /decode` is called by the router when it dispatches a request, usually before any KV has
-arrived; the response is an NDJSON stream: `{"tokens": n}` lines as tokens are generated, then
-one final line with `done` (and the lifecycle times) or `error` (and the reason). A request whose
-KV fails verification is never decoded.
+`POST /decode` is called by the router when it dispatches a request, before any KV is sent; the
+response is an NDJSON stream: first `{"expecting": true}` once the KV receiver accepts the
+request's frames (services/kv_expect.py: the router starts the prefill only then), then
+`{"tokens": n}` lines as tokens are generated, then one final line with `done` (and the
+lifecycle times) or `error` (and the reason). A request whose KV fails verification is never
+decoded.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from aiohttp import web
 from testbed.engine.emulated import DecodeBatcher, DecodeSlot
 from testbed.profiles import MODELS
 from testbed.services import cache_pull
+from testbed.services.kv_expect import EXPECTING, expect_kv, label_field
 from testbed.services.spec import RunClock, ServiceSpec
 from testbed.services.validate import health, int_field, json_body, json_errors, str_field
 from testbed.transfer.errors import TransferError
 from testbed.transfer.reassembly import KVManifest
-from testbed.transfer.receiver import KVReceiver
+from testbed.transfer.receiver import KVReceiver, ReceiverStats
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "kv_accounting"]
 
 SPEC = web.AppKey("spec", ServiceSpec)
 
@@ -54,19 +57,24 @@ async def _decode(request: web.Request) -> web.StreamResponse:
     rid = str_field(body, "id", 64)
     output_tokens = int_field(body, "output_tokens", 1, 1_000_000)
     expected = int_field(body, "expected_wire_bytes", 0, 1 << 50)
+    label = label_field(body)
+    skip = state.spec.unsafe_skip_kv_verify  # TEST-ONLY: see ServiceSpec.unsafe_skip_kv_verify
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-    await resp.prepare(request)
 
     async def send(doc: dict[str, Any]) -> None:
         await resp.write((json.dumps(doc, separators=(",", ":")) + "\n").encode())
 
     clock = state.clock
+    timeout = state.spec.kv_timeout_s
+    expect_kv(state.receiver, rid, total_bytes=expected, timeout_s=timeout, label=label)
     state.waiting_kv += 1
     try:
-        if state.spec.unsafe_skip_kv_verify:  # TEST-ONLY: see ServiceSpec.unsafe_skip_kv_verify
+        await resp.prepare(request)
+        await resp.write(EXPECTING)
+        if skip:  # the KV may still arrive: the receiver frees it at its deadline
             manifest = KVManifest(rid, (), expected, False, 0.0, 0.0, 0, 0)
         else:
-            manifest = await state.receiver.wait(rid, state.spec.kv_timeout_s)
+            manifest = await state.receiver.wait(rid, timeout)
     except TransferError as exc:
         state.failed += 1
         await send({"error": f"kv transfer failed: {exc.reason}"})
@@ -77,7 +85,8 @@ async def _decode(request: web.Request) -> web.StreamResponse:
         return resp
     finally:
         state.waiting_kv -= 1
-        state.receiver.discard(rid)
+        if not skip:
+            state.receiver.discard(rid)
     if manifest.total_bytes != expected:
         state.failed += 1
         await send({"error": f"kv size mismatch: got {manifest.total_bytes}, want {expected}"})
@@ -124,6 +133,20 @@ async def _decode(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+def kv_accounting(rx: ReceiverStats) -> dict[str, int]:
+    """What the KV receiver holds and what it refused (for /stats and the flood bench)."""
+    return {
+        "kv_requests_tracked": rx.requests_tracked,
+        "kv_requests_retired": rx.requests_retired,
+        "kv_requests_expired": rx.requests_expired,
+        "kv_payload_bytes": rx.payload_bytes,
+        "kv_buffer_bytes": rx.buffer_bytes,
+        "kv_frames_refused": rx.frames_refused,
+        "kv_connections_open": rx.connections_open,
+        "kv_connections_refused": rx.connections_refused,
+    }
+
+
 async def _cancel(request: web.Request) -> web.Response:
     request.app[STATE].receiver.discard(request.match_info["rid"])
     return web.json_response({"ok": True})
@@ -144,6 +167,7 @@ async def _stats(request: web.Request) -> web.Response:
             "failed": state.failed,
             "kv_wire_bytes_received": rx.bytes_received,
             "kv_checksum_failures": rx.checksum_failures,
+            **kv_accounting(rx),
             "engine": state.batcher.timing.stats(),
         }
     )

@@ -19,6 +19,7 @@ from aiohttp import web
 from testbed.engine.emulated import PrefillEngine, wire_layer_bytes
 from testbed.profiles import MODELS
 from testbed.services import cache_pull
+from testbed.services.kv_targets import targets_handler
 from testbed.services.prefill_queue import PrefillQueue
 from testbed.services.spec import ServiceSpec
 from testbed.services.validate import health, int_field, json_body, json_errors, str_field
@@ -103,6 +104,7 @@ async def _prefill(request: web.Request) -> web.Response:
     rid = str_field(body, "id", 64)
     tokens = int_field(body, "uncached_tokens", 1, 10_000_000)
     target = (str_field(body, "kv_host", 255), int_field(body, "kv_port", 1, 65535))
+    state.targets.check(target)
     job = PrefillJob(rid, tokens, target, asyncio.get_running_loop().create_future(), 0.0)
     if "kv_tokens" in body:
         job.kv_tokens = int_field(body, "kv_tokens", 1, 10_000_000)
@@ -122,6 +124,7 @@ async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]
     app[STATE] = state
     app.router.add_post("/prefill", _prefill)
     app.router.add_post("/prefix/send", cache_pull.send_handler(STATE))
+    app.router.add_post("/targets", targets_handler(STATE))
     app.router.add_get("/stats", _stats)
     app.router.add_get("/health", health)
     worker = asyncio.get_running_loop().create_task(state.worker())

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any, Generic, Protocol, TypeVar
 
+from testbed.services.kv_targets import KVTargets
 from testbed.services.spec import RunClock, ServiceSpec
 from testbed.transfer.sender import KVSender, pooled_sender
 
@@ -48,6 +49,8 @@ class PrefillQueue(Generic[J]):
         self.cancelled = 0
         self.completed = 0
         self.failed = 0
+        self.targets = KVTargets(spec.kv_targets)
+        """The KV receivers this worker may send to (a 4xx before connecting, otherwise)."""
 
     def job_tokens(self, job: J) -> int:
         """Tokens the job adds to `queued_tokens` while it waits or runs."""

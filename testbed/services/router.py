@@ -35,8 +35,11 @@ from testbed.policy.base import InstanceLoad, RequestView, Route, Snapshot
 from testbed.profiles import MODELS
 from testbed.services import cache_pull
 from testbed.services.control import ControlLoops, role_view
+from testbed.services.kv_expect import REGISTER_TIMEOUT_S
+from testbed.services.kv_targets import NO_TARGETS_STATUS, deployment_targets, post_targets
 from testbed.services.spec import InstanceInfo, RunClock, ServiceSpec
 from testbed.services.validate import health, json_errors, parse_json_object
+from testbed.transfer.capability import new_wire_id
 
 __all__ = ["create_app"]
 
@@ -280,15 +283,40 @@ class RouterState:
             kv = (decode.kv_host, decode.kv_port)
         if kv[0] is None or kv[1] is None:
             raise RequestError(f"decode instance {decode.id} has no KV address")
-        # Each attempt has its own id on the wire: a receiver remembers finished ids.
-        wire_id = rec.id if attempt == 0 else f"{rec.id}.{attempt}"
+        # Each attempt travels under its own unguessable wire id (transfer/capability.py), the
+        # capability only this decode and this prefill are handed; records keep rec.id.
+        wire_id = new_wire_id()
         self._charge(prefill.id, plan.prefill_tokens, decode.id, rec.output_tokens, +1)
         try:
-            decode_task = asyncio.create_task(self._decode(decode, rec, wire_id, on_tokens))
-            prefill_task = asyncio.create_task(
-                self._prefill(prefill, rec, wire_id, plan.prefill_tokens, kv, plan.kv_tokens)
+            registered = asyncio.Event()
+            decode_task = asyncio.create_task(
+                self._decode(decode, rec, wire_id, on_tokens, registered)
             )
+            prefill_task: asyncio.Task[None] | None = None
             try:
+                # The prefill may send only once the decode's KV receiver expects the wire id:
+                # frames for ids a receiver was not told about are refused.
+                flag = asyncio.ensure_future(registered.wait())
+                try:
+                    await asyncio.wait(
+                        {flag, decode_task},
+                        timeout=REGISTER_TIMEOUT_S,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                finally:
+                    flag.cancel()
+                if not registered.is_set():
+                    if decode_task.done():
+                        await decode_task  # raises its AttemptError
+                        raise AttemptError(f"decode on {decode.id}: ended before registering")
+                    raise AttemptError(
+                        f"decode on {decode.id}: did not register the request within "
+                        f"{REGISTER_TIMEOUT_S:g}s",
+                        dead=decode.id,
+                    )
+                prefill_task = asyncio.create_task(
+                    self._prefill(prefill, rec, wire_id, plan.prefill_tokens, kv, plan.kv_tokens)
+                )
                 # A decode instance that fails while the prefill runs fails the attempt at once
                 # (and goes out of rotation) instead of waiting for the KV send to give up.
                 await asyncio.wait({prefill_task, decode_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -296,9 +324,10 @@ class RouterState:
                     await decode_task
                 await prefill_task
             except BaseException:
-                prefill_task.cancel()
-                with contextlib.suppress(BaseException):
-                    await prefill_task
+                if prefill_task is not None:
+                    prefill_task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await prefill_task
                 await self._cancel_decode(decode, wire_id)
                 decode_task.cancel()
                 with contextlib.suppress(BaseException):
@@ -361,17 +390,17 @@ class RouterState:
             )
             return plan_request(rec.input_tokens, look, cluster, 0)
         assert self.session is not None
-        wire_id = cache_pull.pull_wire_id(rec.id if attempt == 0 else f"{rec.id}.{attempt}")
         result = await cache_pull.pull_prefix(
             self.session,
             source=source,
             target=decode,
-            wire_id=wire_id,
             tokens=plan.pull_tokens,
             model=self.spec.model,
             byte_scale=self.spec.byte_scale,
             time_scale=self.spec.time_scale,
             timeout_s=self.spec.request_timeout_s,
+            label=rec.id,
+            kv_targets=deployment_targets(self.instances.values()),
         )
         rec.pull_wire_bytes += result.wire_bytes
         rec.pull_s, rec.pull_status = result.seconds, result.status
@@ -431,10 +460,21 @@ class RouterState:
             )
             rec.prompt_digest = live.ids_digest(ids)
             body["tokens"] = ids
+        session = self.session
+
+        async def post() -> tuple[int, dict[str, Any]]:
+            async with session.post(f"{inst.url}/prefill", json=body) as resp:
+                return resp.status, await resp.json(content_type=None)
+
         try:
             async with asyncio.timeout(self.spec.request_timeout_s):
-                async with self.session.post(f"{inst.url}/prefill", json=body) as resp:
-                    doc = await resp.json(content_type=None)
+                status, doc = await post()
+                # A worker that does not know the deployment's KV receivers yet (a PD instance,
+                # a restarted one): hand it the instance table's, then ask again.
+                if status == NO_TARGETS_STATUS and await post_targets(
+                    session, inst.url, deployment_targets(self.instances.values())
+                ):
+                    status, doc = await post()
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise AttemptError(
                 f"prefill on {inst.id} unreachable ({type(exc).__name__})", dead=inst.id
@@ -443,9 +483,9 @@ class RouterState:
             if key in doc:
                 setattr(rec, key, doc[key])
         rec.kv_wire_bytes_sent = int(doc.get("kv_wire_bytes_sent", 0))
-        if resp.status != 200 or "error" in doc:
+        if status != 200 or "error" in doc:
             raise AttemptError(
-                f"prefill on {inst.id}: {doc.get('error', resp.status)}",
+                f"prefill on {inst.id}: {doc.get('error', status)}",
                 link_failed=rec.cross_dc,
                 suspect=None if rec.cross_dc else rec.decode_instance,
             )
@@ -468,12 +508,21 @@ class RouterState:
             raise AttemptError(f"decode on {inst.id}: first token not delivered", suspect=inst.id)
 
     async def _decode(
-        self, inst: InstanceInfo, rec: RequestRecord, wire_id: str, on_tokens: TokenSink
+        self,
+        inst: InstanceInfo,
+        rec: RequestRecord,
+        wire_id: str,
+        on_tokens: TokenSink,
+        registered: asyncio.Event,
     ) -> None:
-        """Stream this attempt's tokens; those the client already has are not sent again."""
+        """Stream this attempt's tokens; those the client already has are not sent again.
+
+        `registered` is set at the stream's first line: the decode's KV receiver now expects
+        `wire_id` (services/kv_expect.py), so the prefill may start sending."""
         assert self.session is not None
         body = {
             "id": wire_id,
+            "request": rec.id,
             "output_tokens": rec.output_tokens,
             "expected_wire_bytes": rec.kv_wire_bytes_expected,
         }
@@ -488,7 +537,9 @@ class RouterState:
                     if not line.strip():
                         continue
                     doc = json.loads(line)
-                    if doc.get("admitted"):
+                    if doc.get("expecting"):
+                        registered.set()
+                    elif doc.get("admitted"):
                         verified = bool(doc.get("kv_verified"))
                         rec.kv_verified = verified
                     elif "tokens" in doc and "done" not in doc:

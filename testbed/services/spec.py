@@ -72,6 +72,10 @@ class ServiceSpec(BaseModel):
     flush_interval_s: float = 0.05
     kv_timeout_s: float = 120.0
     """Wall seconds a decode instance waits for a request's KV before failing it."""
+    kv_targets: list[tuple[str, int]] | None = None
+    """prefill and pd: the KV receivers (host, port) this instance may send KV to: the
+    deployment's decode KV ports and link routes (services/kv_targets.py). None: not known when
+    it starts (pd instances start with the decode ones); the first POST /targets sets them."""
     engine: Literal["emulated", "torch"] = "emulated"
     """torch: prefill and decode run the tiny real model (testbed.services.torch_prefill /
     torch_decode); the router sends token ids and records the generated ones."""

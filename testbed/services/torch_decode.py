@@ -3,9 +3,11 @@ but it continues from the received KV bytes and streams real token ids.
 
 Per request (`POST /decode`, NDJSON answer as in decode.py):
 
-1. wait until the request's KV is complete and every frame's checksum verified (the receiver
-   keeps the payload: `keep_payload=True`); a failed or corrupt transfer ends the request with
-   the receiver's reason;
+1. register the request's wire id with the KV receiver and answer `{"expecting": true}` (the
+   router starts the prefill only then, services/kv_expect.py), then wait until its KV is
+   complete and every frame's checksum verified (the receiver keeps the payload:
+   `keep_payload=True`); a failed or corrupt transfer ends the request with the receiver's
+   reason;
 2. wait for the first output token, which prefill computed and the router forwards with
    `POST /decode/{id}/first_token` once the prefill has answered (the control path);
 3. rebuild the KV from the bytes (`TorchDecodeEngine.restore`); a `KVFormatError` (KV from another
@@ -37,6 +39,8 @@ from aiohttp import web
 from testbed.engine.torch.live import tiny_config
 from testbed.engine.torch.pacing import CpuPacer, ProfileBudget
 from testbed.profiles import MODELS
+from testbed.services.decode import kv_accounting
+from testbed.services.kv_expect import EXPECTING, expect_kv, label_field
 from testbed.services.spec import RunClock, ServiceSpec
 from testbed.services.validate import health, int_field, json_body, json_errors, str_field
 from testbed.transfer.errors import TransferError
@@ -167,8 +171,8 @@ async def _decode(request: web.Request) -> web.StreamResponse:
     rid = str_field(body, "id", 64)
     output_tokens = int_field(body, "output_tokens", 1, state.config.max_positions)
     expected = int_field(body, "expected_wire_bytes", 0, 1 << 50)
+    label = label_field(body)
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-    await resp.prepare(request)
 
     async def send(doc: dict[str, Any]) -> None:
         await resp.write((json.dumps(doc, separators=(",", ":")) + "\n").encode())
@@ -179,10 +183,13 @@ async def _decode(request: web.Request) -> web.StreamResponse:
         return resp
 
     timeout = state.spec.kv_timeout_s
+    expect_kv(state.receiver, rid, total_bytes=expected, timeout_s=timeout, label=label)
     first = state.first_token(rid)
     state.waiting_kv += 1
     try:
         try:
+            await resp.prepare(request)
+            await resp.write(EXPECTING)
             manifest = await state.receiver.wait(rid, timeout)
             layers = state.receiver.take_payload(rid)
         except TransferError as exc:
@@ -296,6 +303,7 @@ async def _stats(request: web.Request) -> web.Response:
             "kv_rejected": state.kv_rejected,
             "kv_wire_bytes_received": rx.bytes_received,
             "kv_checksum_failures": rx.checksum_failures,
+            **kv_accounting(rx),
             "engine": state.pacer.stats(),
         }
     )

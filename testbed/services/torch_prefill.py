@@ -25,6 +25,7 @@ from aiohttp import web
 from testbed.engine.torch.live import tiny_config
 from testbed.engine.torch.pacing import CpuPacer, ProfileBudget
 from testbed.profiles import MODELS
+from testbed.services.kv_targets import targets_handler
 from testbed.services.prefill_queue import PrefillQueue
 from testbed.services.spec import ServiceSpec
 from testbed.services.validate import (
@@ -126,6 +127,7 @@ async def _prefill(request: web.Request) -> web.Response:
     rid = str_field(body, "id", 64)
     tokens = _token_ids(body, state.config.vocab_size)
     target = (str_field(body, "kv_host", 255), int_field(body, "kv_port", 1, 65535))
+    state.targets.check(target)
     job = TorchPrefillJob(rid, tokens, target, asyncio.get_running_loop().create_future())
     result = await state.run_job(job)
     return web.json_response(result, status=200 if "error" not in result else 502)
@@ -166,6 +168,7 @@ async def create_app(spec: ServiceSpec) -> tuple[web.Application, dict[str, int]
     app = web.Application(client_max_size=4 << 20, middlewares=[json_errors])
     app[STATE] = state
     app.router.add_post("/prefill", _prefill)
+    app.router.add_post("/targets", targets_handler(STATE))
     app.router.add_get("/stats", _stats)
     app.router.add_get("/health", health)
     worker = asyncio.get_running_loop().create_task(state.worker())

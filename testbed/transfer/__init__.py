@@ -6,6 +6,7 @@ the link emulator's proxy port (cross-datacenter). The decode instance's `KVRece
 request only once every byte of every layer arrived verified. See wire.py for the frame layout.
 
     async with KVReceiver(port=0) as rx, KVSender("127.0.0.1", rx.port) as tx:
+        rx.expect("req-1")                        # frames for ids not expected are refused
         async with tx.open("req-1", layer_sizes) as t:
             for i, layer in enumerate(layers):
                 await t.send_layer(i, layer)      # returns once queued: overlaps compute
@@ -16,7 +17,7 @@ from testbed.transfer.checksum import ChecksumAlgo, preferred_algo
 from testbed.transfer.errors import TransferError
 from testbed.transfer.payload import PayloadSource, split_layers
 from testbed.transfer.reassembly import KVManifest
-from testbed.transfer.receiver import KVReceiver, ReceiverStats
+from testbed.transfer.receiver import KVReceiver, ReceiverFull, ReceiverStats
 from testbed.transfer.sender import KVSender, KVTransmission, SenderStats, TransferResult
 from testbed.transfer.wire import WireError
 
@@ -27,6 +28,7 @@ __all__ = [
     "KVSender",
     "KVTransmission",
     "PayloadSource",
+    "ReceiverFull",
     "ReceiverStats",
     "SenderStats",
     "TransferError",

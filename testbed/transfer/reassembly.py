@@ -4,6 +4,17 @@ Frames of one request arrive over several connections in any order, possibly mor
 (a sender that lost a connection resends what it had not seen acknowledged). This module decides,
 frame by frame, what a request's state is and what to answer:
 
+- State exists only for requests the owner announced with `expect` (the decode instance does so
+  when the router dispatches the request, before the prefill starts). Any local process can
+  connect to a KV port, so frames for any other id are refused (a FAILED ACK, an ABORT dropped)
+  without creating anything: a flood of made-up ids costs no memory.
+- Memory follows bytes that really arrived: a kept layer grows as its frames come in (out-of-order
+  chunks wait in a side table), never `bytearray(total)` from a header's claim; an expected size
+  (`total_bytes`) bounds what frames may announce.
+- Expected requests carry a deadline (`ttl`): one never completed, or never collected by its
+  owner, is failed and freed by `expire`. Finished-and-discarded requests are remembered, up to
+  `retired_capacity`, only so late duplicates get their final status.
+
 - A request is *complete* only when its END frame has arrived and every byte of every layer it
   announces has arrived in frames whose checksums matched.
 - It is *failed*, and never completes, on a checksum mismatch, an inconsistent frame (a layer
@@ -21,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -30,6 +42,7 @@ from testbed.transfer.checksum import ChecksumAlgo
 from testbed.transfer.errors import TransferError
 from testbed.transfer.ranges import RangeSet
 from testbed.transfer.wire import (
+    MAX_LAYERS,
     AbortFrame,
     AckFrame,
     AckStatus,
@@ -41,7 +54,7 @@ from testbed.transfer.wire import (
     MalformedFrame,
 )
 
-__all__ = ["KVManifest", "Reassembler"]
+__all__ = ["KVManifest", "Reassembler", "ReceiverFull"]
 
 log = logging.getLogger(__name__)
 
@@ -64,32 +77,89 @@ class KVManifest:
         return len(self.layer_sizes)
 
 
+class ReceiverFull(Exception):
+    """`expect` refused: the receiver already tracks its maximum number of requests."""
+
+
 class _State(enum.Enum):
     ACTIVE = "active"
     COMPLETE = "complete"
     FAILED = "failed"
 
 
+NOT_EXPECTED = "request id not expected by this receiver"
+"""The detail of the FAILED ACK that answers a frame for an id nobody announced."""
+
+
 class _Layer:
-    __slots__ = ("buf", "ranges", "total")
+    """One layer's byte ranges and, when payload is kept, its bytes.
+
+    `buf` holds the contiguous prefix received so far and grows as frames arrive; a chunk beyond
+    its end waits in `pending` (by offset) until the gap before it is filled. Senders send a
+    layer's chunks in order over a few connections, so `pending` stays small.
+    """
+
+    __slots__ = ("buf", "pending", "pending_bytes", "ranges", "total")
 
     def __init__(self, total: int, keep_payload: bool) -> None:
         self.total = total
         self.ranges = RangeSet()
-        self.buf: bytearray | None = bytearray(total) if keep_payload else None
+        self.buf: bytearray | None = bytearray() if keep_payload else None
+        self.pending: dict[int, bytes] = {}
+        self.pending_bytes = 0
+
+    @property
+    def held(self) -> int:
+        return (len(self.buf) if self.buf is not None else 0) + self.pending_bytes
+
+    def store(self, offset: int, data: memoryview | bytes | bytearray) -> int:
+        """Keep a chunk that brought new bytes; returns the change of bytes held."""
+        buf = self.buf
+        if buf is None:
+            return 0
+        before = self.held
+        have = len(buf)
+        if offset <= have:
+            if offset + len(data) > have:
+                buf += data[have - offset :]
+                self._drain()
+        else:
+            old = self.pending.get(offset)
+            if old is None or len(old) < len(data):
+                self.pending[offset] = bytes(data)
+                self.pending_bytes += len(data) - (0 if old is None else len(old))
+        return self.held - before
+
+    def _drain(self) -> None:
+        buf, pending = self.buf, self.pending
+        assert buf is not None
+        while pending:
+            have = len(buf)
+            key = have if have in pending else min((k for k in pending if k <= have), default=-1)
+            if key < 0:
+                return
+            chunk = pending.pop(key)
+            self.pending_bytes -= len(chunk)
+            if key + len(chunk) > have:
+                buf += memoryview(chunk)[have - key :]
 
 
 class _Inbound:
-    """Reassembly state of one request."""
+    """Reassembly state of one expected request."""
 
     __slots__ = (
+        "announced",
+        "deadline",
         "done",
         "dup_bytes",
         "expected",
         "first_at",
         "frames",
+        "held",
+        "label",
         "last_at",
         "layers",
+        "limit",
         "manifest",
         "payload_taken",
         "reason",
@@ -100,11 +170,16 @@ class _Inbound:
         "verified",
     )
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, label: str, limit: int | None, deadline: float) -> None:
         self.request_id = request_id
+        self.label = label
+        self.limit = limit
+        self.deadline = deadline
         self.state = _State.ACTIVE
         self.reason = ""
         self.layers: dict[int, _Layer] = {}
+        self.announced = 0  # sum of the sizes of the layers frames announced so far
+        self.held = 0  # payload bytes kept for this request
         self.sizes: tuple[int, ...] | None = None
         self.expected = -1
         self.unique_bytes = 0
@@ -117,6 +192,11 @@ class _Inbound:
         self.payload_taken = False
         self.done = asyncio.Event()
 
+    @property
+    def name(self) -> str:
+        """How logs name the request: the owner's label (the client-visible id) if any."""
+        return self.label or self.request_id
+
     def status(self) -> AckStatus:
         if self.state is _State.COMPLETE:
             return AckStatus.COMPLETE
@@ -126,19 +206,32 @@ class _Inbound:
 
 
 class Reassembler:
-    """All requests of one receiver. Every method is synchronous except `wait`."""
+    """All requests of one receiver. Every method is synchronous except `wait`.
+
+    Args:
+        keep_payload: keep each layer's bytes for `take_payload`.
+        retired_capacity: finished-and-discarded requests remembered for late duplicates.
+        max_requests: requests tracked at once (expected, not yet discarded); `expect` raises
+            ReceiverFull beyond it.
+        default_ttl: deadline of an expected request when `expect` gives none (None: no
+            deadline).
+    """
 
     def __init__(
         self,
         *,
         keep_payload: bool = False,
         retired_capacity: int = 4096,
+        max_requests: int = 16_384,
+        default_ttl: float | None = None,
         on_complete: Callable[[KVManifest], None] | None = None,
         on_failure: Callable[[str, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.keep_payload = keep_payload
         self._retired_capacity = retired_capacity
+        self._max_requests = max_requests
+        self._default_ttl = default_ttl
         self._on_complete = on_complete
         self._on_failure = on_failure
         self._clock = clock
@@ -147,9 +240,13 @@ class Reassembler:
         self.bytes_received = 0
         self.bytes_duplicate = 0
         self.frames = 0
+        self.frames_refused = 0
         self.checksum_failures = 0
         self.completed = 0
         self.failed = 0
+        self.expired = 0
+        self.payload_bytes = 0
+        """Payload bytes kept for all requests together (keep_payload)."""
 
     # ---------------------------------------------------------------------------- queries
 
@@ -157,14 +254,54 @@ class Reassembler:
     def active(self) -> int:
         return sum(1 for r in self._requests.values() if r.state is _State.ACTIVE)
 
+    @property
+    def tracked(self) -> int:
+        """Requests expected and not yet discarded (of any state)."""
+        return len(self._requests)
+
+    @property
+    def retired(self) -> int:
+        return len(self._retired)
+
     def status(self, request_id: str) -> str | None:
         """'active', 'complete', 'failed', or None if unknown."""
         req = self._lookup(request_id)
         return None if req is None else req.state.value
 
+    # ---------------------------------------------------------------------------- owner API
+
+    def expect(
+        self,
+        request_id: str,
+        *,
+        total_bytes: int | None = None,
+        ttl: float | None = None,
+        label: str | None = None,
+    ) -> None:
+        """Announce a request: from now on its frames are accepted.
+
+        `total_bytes` (if known) bounds what its frames may announce; `ttl` seconds (default:
+        the reassembler's default_ttl) after which `expire` fails and frees it if it was not
+        discarded; `label` names it in logs (the client-visible id, the wire id being a
+        capability). Raises ValueError for an id already known, ReceiverFull when full.
+        """
+        if not 1 <= len(request_id.encode("utf-8")) <= 64:
+            raise ValueError("request id must be 1..64 UTF-8 bytes")
+        if self._lookup(request_id) is not None:
+            raise ValueError(f"request {request_id!r} is already known to this receiver")
+        if len(self._requests) >= self._max_requests:
+            raise ReceiverFull(f"receiver already tracks {self._max_requests} requests")
+        ttl = self._default_ttl if ttl is None else ttl
+        deadline = math.inf if ttl is None else self._clock() + ttl
+        self._requests[request_id] = _Inbound(request_id, label or "", total_bytes, deadline)
+
     async def wait(self, request_id: str, timeout: float | None) -> KVManifest:
-        """Wait for completion; TransferError on failure, TimeoutError after `timeout` s."""
-        req = self._get(request_id)
+        """Wait for completion; TransferError on failure, TimeoutError after `timeout` s.
+
+        KeyError if the request was never expected (or was forgotten long ago)."""
+        req = self._lookup(request_id)
+        if req is None:
+            raise KeyError(f"request {request_id!r} was not expected")
         async with asyncio.timeout(timeout):
             await req.done.wait()
         if req.manifest is not None:
@@ -178,10 +315,21 @@ class Reassembler:
             return
         if req.state is _State.ACTIVE:
             self._fail(req, "discarded by the receiver's owner before completion")
-        req.layers.clear()
+        self._free(req)
         self._retired[request_id] = req
         while len(self._retired) > self._retired_capacity:
             self._retired.popitem(last=False)
+
+    def expire(self, now: float | None = None) -> int:
+        """Fail and free every request past its deadline; returns how many."""
+        now = self._clock() if now is None else now
+        late = [r for r in self._requests.values() if r.deadline <= now]
+        for req in late:
+            if req.state is _State.ACTIVE:
+                self._fail(req, "expected KV did not arrive before the receiver's deadline")
+            self.discard(req.request_id)
+        self.expired += len(late)
+        return len(late)
 
     def take_payload(self, request_id: str) -> list[bytearray]:
         """Hand over a complete request's bytes, one bytearray per layer (needs keep_payload).
@@ -199,10 +347,11 @@ class Reassembler:
         out: list[bytearray] = []
         for i, size in enumerate(req.sizes):
             layer = req.layers.get(i)
-            out.append(
-                layer.buf if layer is not None and layer.buf is not None else bytearray(size)
-            )
-        req.layers.clear()
+            buf = layer.buf if layer is not None else bytearray()  # an empty layer has no frames
+            if buf is None or len(buf) != size:  # pragma: no cover - complete: every byte is in
+                raise KeyError(f"payload of {request_id!r} layer {i} is incomplete")
+            out.append(buf)
+        self._free(req)
         return out
 
     # ---------------------------------------------------------------------------- frames
@@ -215,8 +364,10 @@ class Reassembler:
         if isinstance(frame, EndFrame):
             return self._on_end(frame)
         if isinstance(frame, AbortFrame):
-            req = self._get(frame.request_id)
-            if req.state is _State.ACTIVE:
+            req = self._lookup(frame.request_id)
+            if req is None:
+                self.frames_refused += 1
+            elif req.state is _State.ACTIVE:
                 self._fail(req, f"aborted by sender: {frame.reason}")
             return None
         # An ACK has no business arriving at a receiver: the peer is confused.
@@ -229,22 +380,39 @@ class Reassembler:
         if exc.request_id is None:
             return None
         h = exc.header
-        req = self._get(exc.request_id)
+        if h.type not in (FrameType.DATA, FrameType.END):
+            length = 0
+        else:
+            length = h.body_len if h.type is FrameType.DATA else h.total
+        req = self._lookup(exc.request_id)
+        if req is None:
+            self.frames_refused += 1
+            if h.type not in (FrameType.DATA, FrameType.END):
+                return None
+            return self._refuse(exc.request_id, h.type, h.layer, h.offset, length, h.stamp_ns)
         if req.state is _State.ACTIVE:
             self._fail(req, str(exc))
         if h.type not in (FrameType.DATA, FrameType.END):
             return None
-        length = h.body_len if h.type is FrameType.DATA else h.total
         return self._ack(req, h.type, h.layer, h.offset, length, h.stamp_ns)
 
     def _lookup(self, request_id: str) -> _Inbound | None:
         return self._requests.get(request_id) or self._retired.get(request_id)
 
-    def _get(self, request_id: str) -> _Inbound:
-        req = self._lookup(request_id)
-        if req is None:
-            req = self._requests[request_id] = _Inbound(request_id)
-        return req
+    def _refuse(
+        self, request_id: str, acked: FrameType, layer: int, offset: int, length: int, stamp: int
+    ) -> AckFrame:
+        return AckFrame(
+            request_id,
+            acked,
+            layer,
+            offset,
+            length,
+            AckStatus.FAILED,
+            stamp,
+            NOT_EXPECTED,
+            ChecksumAlgo.CRC32,
+        )
 
     def _ack(
         self, req: _Inbound, acked: FrameType, layer: int, offset: int, length: int, stamp: int
@@ -263,9 +431,12 @@ class Reassembler:
         req.frames += 1
 
     def _on_data(self, f: DataFrame) -> AckFrame:
-        req = self._get(f.request_id)
         n = len(f.payload)
         ack = (FrameType.DATA, f.layer, f.offset, n, f.stamp_ns)
+        req = self._lookup(f.request_id)
+        if req is None:
+            self.frames_refused += 1
+            return self._refuse(f.request_id, *ack)
         if req.state is not _State.ACTIVE:
             self.bytes_duplicate += n
             req.dup_bytes += n
@@ -284,7 +455,18 @@ class Reassembler:
             return self._ack(req, *ack)
         layer = req.layers.get(f.layer)
         if layer is None:
+            if req.limit is not None and req.announced + f.layer_total > req.limit:
+                self._fail(
+                    req,
+                    f"inconsistent frame: layer {f.layer} of size {f.layer_total} takes the "
+                    f"request past the {req.limit} bytes expected",
+                )
+                return self._ack(req, *ack)
+            if len(req.layers) >= MAX_LAYERS:
+                self._fail(req, f"inconsistent frame: more than {MAX_LAYERS} layers")
+                return self._ack(req, *ack)
             layer = req.layers[f.layer] = _Layer(f.layer_total, self.keep_payload)
+            req.announced += f.layer_total
         elif layer.total != f.layer_total:
             self._fail(
                 req,
@@ -293,8 +475,10 @@ class Reassembler:
             )
             return self._ack(req, *ack)
         new = layer.ranges.add(f.offset, f.offset + n)
-        if new and layer.buf is not None:
-            layer.buf[f.offset : f.offset + n] = f.payload
+        if new:
+            grown = layer.store(f.offset, f.payload)
+            req.held += grown
+            self.payload_bytes += grown
         req.unique_bytes += new
         req.dup_bytes += n - new
         self.bytes_received += new
@@ -303,8 +487,11 @@ class Reassembler:
         return self._ack(req, *ack)
 
     def _on_end(self, f: EndFrame) -> AckFrame:
-        req = self._get(f.request_id)
         ack = (FrameType.END, len(f.layer_sizes), 0, f.total_bytes, f.stamp_ns)
+        req = self._lookup(f.request_id)
+        if req is None:
+            self.frames_refused += 1
+            return self._refuse(f.request_id, *ack)
         if req.state is not _State.ACTIVE:
             return self._ack(req, *ack)
         if f.checksum == ChecksumAlgo.NONE:
@@ -313,6 +500,11 @@ class Reassembler:
             if req.sizes != f.layer_sizes:
                 self._fail(req, "inconsistent END: layer layout differs from an earlier END")
             return self._ack(req, *ack)  # a resent END: nothing new
+        if req.limit is not None and f.total_bytes != req.limit:
+            self._fail(
+                req, f"inconsistent END: {f.total_bytes} bytes, {req.limit} bytes were expected"
+            )
+            return self._ack(req, *ack)
         for index, layer in req.layers.items():
             if index >= len(f.layer_sizes) or f.layer_sizes[index] != layer.total:
                 self._fail(
@@ -348,17 +540,23 @@ class Reassembler:
             try:
                 self._on_complete(manifest)
             except Exception:
-                log.exception("on_complete callback failed for %s", req.request_id)
+                log.exception("on_complete callback failed for %s", req.name)
+
+    def _free(self, req: _Inbound) -> None:
+        """Drop a request's layers (and the payload they hold)."""
+        req.layers.clear()
+        self.payload_bytes -= req.held
+        req.held = 0
 
     def _fail(self, req: _Inbound, reason: str) -> None:
         req.state = _State.FAILED
         req.reason = reason
-        req.layers.clear()  # free payload buffers now: the request can never complete
+        self._free(req)  # free payload buffers now: the request can never complete
         self.failed += 1
         req.done.set()
-        log.info("KV request %s failed: %s", req.request_id, reason)
+        log.info("KV request %s failed: %s", req.name, reason)
         if self._on_failure is not None:
             try:
                 self._on_failure(req.request_id, reason)
             except Exception:
-                log.exception("on_failure callback failed for %s", req.request_id)
+                log.exception("on_failure callback failed for %s", req.name)

@@ -14,18 +14,26 @@ not draining), instead of arming timers per frame.
 
 Backpressure: if the sender stops reading ACKs, the transport pauses writing and the connection
 stops reading frames until it resumes, so nothing grows without bound.
+
+Hostile peers: any local process can connect. What it can make the receiver hold is bounded:
+frames for ids the owner did not `expect` create no state (reassembly.py); a connection's buffer
+grows only with bytes that really arrived, all buffers share one BufferBudget (buffers.py), the
+number of connections is capped (more are refused at once), and expected requests past their
+deadline are failed and freed by the supervisor every `check_interval`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-from testbed.transfer.reassembly import KVManifest, Reassembler
+from testbed.transfer.buffers import BufferBudget
+from testbed.transfer.reassembly import KVManifest, Reassembler, ReceiverFull
 from testbed.transfer.wire import (
     DEFAULT_MAX_PAYLOAD,
     HEADER_SIZE,
@@ -37,12 +45,13 @@ from testbed.transfer.wire import (
     encode_frame,
 )
 
-__all__ = ["KVManifest", "KVReceiver", "ReceiverStats"]
+__all__ = ["KVManifest", "KVReceiver", "ReceiverFull", "ReceiverStats"]
 
 log = logging.getLogger(__name__)
 
-_MIN_FREE = 64 << 10  # never offer the kernel less than this much buffer space
-_INITIAL_BUFFER = 1 << 20
+_MIN_FREE = 16 << 10  # never offer the kernel less than this much buffer space
+_INITIAL_BUFFER = 64 << 10  # a connection's buffer before any bytes arrived
+_STREAM_BUFFER = 1 << 20  # what a connection that keeps streaming grows to (fewer copies)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,14 +69,26 @@ class ReceiverStats:
     requests_active: int
     requests_completed: int
     requests_failed: int
+    requests_tracked: int  # expected and not discarded yet, in any state
+    requests_retired: int  # discarded, remembered for late duplicates
+    requests_expired: int  # failed and freed at their deadline
+    frames_refused: int  # frames for ids nobody expected: answered FAILED, no state kept
+    connections_refused: int  # beyond max_connections
+    payload_bytes: int  # KV bytes kept for requests (keep_payload)
+    buffer_bytes: int  # read buffers of all connections
 
 
 class _Connection(asyncio.BufferedProtocol):
-    """One sender connection: parse frames in place, hand them to the reassembler, ACK."""
+    """One sender connection: parse frames in place, hand them to the reassembler, ACK.
+
+    The read buffer starts small and grows only when the bytes that really arrived fill it
+    (see `_grow`), within the receiver's BufferBudget; a header's promise alone allocates
+    nothing, and an idle connection's buffer shrinks back.
+    """
 
     def __init__(self, receiver: KVReceiver) -> None:
         self._rx = receiver
-        self._buf = bytearray(_INITIAL_BUFFER)
+        self._buf = bytearray()
         self._view = memoryview(self._buf)
         self._start = 0  # first unparsed byte
         self._end = 0  # one past the last received byte
@@ -78,6 +99,13 @@ class _Connection(asyncio.BufferedProtocol):
         self.frame_started: float | None = None
         self.write_paused_since: float | None = None
         self.peer: object = None
+        self._paused_acks = False  # the sender does not read its ACKs
+        self._paused_memory = False  # the buffer is full and the budget allows no more
+        self._received = 0  # bytes received so far
+
+    @property
+    def buffer_size(self) -> int:
+        return len(self._buf)
 
     # asyncio callbacks ---------------------------------------------------------------------
 
@@ -85,30 +113,54 @@ class _Connection(asyncio.BufferedProtocol):
         # uvloop's transports implement asyncio.Transport without subclassing it: cast, not check.
         self.transport = cast(asyncio.Transport, transport)
         self.peer = transport.get_extra_info("peername")
-        self._rx._connection_made(self)
+        if self._rx._connection_made(self):
+            self._set_buffer(bytearray(_INITIAL_BUFFER))
+            self._rx.budget.force(_INITIAL_BUFFER)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.closed.done():
             self.closed.set_result(None)
+        budget = self._rx.budget
+        budget.forget(self)
+        size = len(self._buf)
+        self._set_buffer(bytearray())
+        if size:
+            budget.give(self, size, done=True)
         self._rx._connection_lost(self, exc)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._start == self._end:
             self._start = self._end = 0
-        if len(self._buf) - self._end < _MIN_FREE:
-            self._make_room(_MIN_FREE)
+        short = len(self._buf) - self._end < _MIN_FREE
+        if short and not self._grow() and self._end == len(self._buf):
+            # Reading pauses before the buffer fills (buffer_updated); never offer nothing.
+            self._rx.budget.force(_MIN_FREE)
+            self._resize(len(self._buf) + _MIN_FREE)
         return self._view[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
         self._end += nbytes
+        self._received += nbytes
         self.last_activity = time.monotonic()
         try:
             self._parse()
         except WireError as exc:
             self._rx._protocol_error(self, exc)
+            return
         except Exception:  # a bug must not take the receiver down; drop this connection loudly
             log.exception("unexpected error on KV connection from %s", self.peer)
             self.abort()
+            return
+        if self._start == self._end and self._header is None:
+            self._start = self._end = 0
+            budget = self._rx.budget
+            if len(self._buf) > _INITIAL_BUFFER and (budget.pressed or budget.overdraft is self):
+                self.shrink()
+        short = len(self._buf) - self._end < _MIN_FREE
+        if short and not self._grow() and self._end == len(self._buf):
+            self._paused_memory = True
+            self._rx.budget.wait(self)
+            self._update_reading()
 
     def eof_received(self) -> bool | None:
         if self._start != self._end or self._header is not None:
@@ -118,13 +170,87 @@ class _Connection(asyncio.BufferedProtocol):
     def pause_writing(self) -> None:
         # The sender is not reading ACKs: stop reading its frames until it catches up.
         self.write_paused_since = time.monotonic()
-        if self.transport is not None:
-            self.transport.pause_reading()
+        self._paused_acks = True
+        self._update_reading()
 
     def resume_writing(self) -> None:
         self.write_paused_since = None
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
+        self._paused_acks = False
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        if self._paused_acks or self._paused_memory:
+            t.pause_reading()
+        else:
+            t.resume_reading()
+
+    # buffer --------------------------------------------------------------------------------
+
+    def _set_buffer(self, buf: bytearray) -> None:
+        self._buf = buf
+        self._view = memoryview(buf)
+
+    def _resize(self, size: int) -> None:
+        """Move the unparsed bytes into a new buffer of `size` bytes (never a resize in place:
+        memoryviews of the old one may still be alive)."""
+        held = self._end - self._start
+        new = bytearray(size)
+        new[:held] = self._view[self._start : self._end]
+        self._set_buffer(new)
+        self._start, self._end = 0, held
+
+    def _grow(self) -> bool:
+        """Make room for at least _MIN_FREE more bytes; False if the budget allows no more.
+
+        Moving the unparsed bytes to the front is enough while they fill at most half the
+        buffer, unless the connection keeps streaming (it sent more than twice the buffer) and
+        the buffer is still under _STREAM_BUFFER: then it doubles, so frames are copied forward
+        less often. Either way the buffer stays within a few times the bytes the peer really
+        sent: a header's promise alone grows nothing."""
+        held = self._end - self._start
+        size = len(self._buf)
+        room = size - held >= _MIN_FREE
+        streaming = size < _STREAM_BUFFER and self._received > 2 * size
+        if room and held <= size // 2 and not streaming:
+            self._compact()
+            return True
+        if self._rx.budget.take(self, max(2 * size, held + _MIN_FREE) - size):
+            self._resize(max(2 * size, held + _MIN_FREE))
+            return True
+        if room:  # no memory to grow into: make do with what is there
+            self._compact()
+            return True
+        return False
+
+    def _compact(self) -> None:
+        if self._start:
+            held = self._end - self._start
+            self._view[:held] = bytes(self._view[self._start : self._end])
+            self._start, self._end = 0, held
+
+    def retry_grow(self) -> bool:
+        """The budget has memory again: grow and read on (BufferBudget's Waiter)."""
+        if self.closed.done():
+            return True
+        if not self._grow():
+            return False
+        self._paused_memory = False
+        self._update_reading()
+        return True
+
+    def shrink(self) -> None:
+        """Give an empty buffer's memory back (back to the initial size)."""
+        if self._start != self._end or self._header is not None:
+            return
+        size = len(self._buf)
+        if size <= _INITIAL_BUFFER:
+            return
+        self._set_buffer(bytearray(_INITIAL_BUFFER))
+        self._start = self._end = 0
+        self._rx.budget.give(self, size - _INITIAL_BUFFER, done=True)
 
     # parsing -------------------------------------------------------------------------------
 
@@ -145,8 +271,6 @@ class _Connection(asyncio.BufferedProtocol):
             if self._end - self._start < need:
                 if self.frame_started is None:
                     self.frame_started = time.monotonic()
-                if len(self._buf) - self._start < need + _MIN_FREE:
-                    self._make_room(need + _MIN_FREE)
                 break
             rest = view[self._start : self._start + need]
             self._start += need
@@ -159,16 +283,6 @@ class _Connection(asyncio.BufferedProtocol):
             del rest
             if ack is not None and self.transport is not None and not self.transport.is_closing():
                 self.transport.writelines(encode_frame(ack))
-
-    def _make_room(self, need: int) -> None:
-        """Move unparsed bytes to the front; grow the buffer if `need` bytes would not fit."""
-        tail = bytes(self._view[self._start : self._end])
-        if len(self._buf) < need + len(tail):
-            # A new buffer, never a resize: memoryviews of the old one may still be alive.
-            self._buf = bytearray(max(2 * len(self._buf), need + len(tail)))
-            self._view = memoryview(self._buf)
-        self._view[: len(tail)] = tail
-        self._start, self._end = 0, len(tail)
 
     def abort(self) -> None:
         """Drop the connection at once (RST): for broken or stalled peers."""
@@ -195,6 +309,11 @@ class KVReceiver:
         check_interval: how often the per-connection watchdog checks those deadlines.
         retired_capacity: how many finished-and-discarded requests to remember, so late
             duplicates are answered instead of resurrecting the request.
+        max_requests: requests tracked at once; `expect` raises ReceiverFull beyond.
+        request_ttl: default deadline (seconds) of an expected request; None: none.
+        max_connections: connections open at once; more are dropped as they arrive.
+        max_buffer_bytes: read buffers of all connections together (one connection at a time
+            may exceed it to finish a frame, see buffers.py).
         on_complete / on_failure: called once per request, from the event loop, when it
             completes (with its manifest) or fails (with its id and reason).
         clock: time source for manifest timestamps.
@@ -211,6 +330,10 @@ class KVReceiver:
         frame_timeout: float = 30.0,
         check_interval: float = 0.5,
         retired_capacity: int = 4096,
+        max_requests: int = 16_384,
+        request_ttl: float | None = None,
+        max_connections: int = 128,
+        max_buffer_bytes: int = 64 << 20,
         on_complete: Callable[[KVManifest], None] | None = None,
         on_failure: Callable[[str, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -224,6 +347,8 @@ class KVReceiver:
         self.reassembler = Reassembler(
             keep_payload=keep_payload,
             retired_capacity=retired_capacity,
+            max_requests=max_requests,
+            default_ttl=request_ttl,
             on_complete=on_complete,
             on_failure=on_failure,
             clock=clock,
@@ -238,6 +363,9 @@ class KVReceiver:
         self._protocol_errors = 0
         self._timeouts = 0
         self._conns_total = 0
+        self._conns_refused = 0
+        self._max_connections = max_connections
+        self.budget = BufferBudget(max_buffer_bytes)
 
     # ---------------------------------------------------------------------------- lifecycle
 
@@ -281,7 +409,10 @@ class KVReceiver:
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
             self._ready.set()
-            await self._stop.wait()
+            while not self._stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self._check_interval)
+                self.reassembler.expire()
         self._tg = None
 
     @property
@@ -297,11 +428,27 @@ class KVReceiver:
 
     # ---------------------------------------------------------------------------- public API
 
+    def expect(
+        self,
+        request_id: str,
+        *,
+        total_bytes: int | None = None,
+        ttl: float | None = None,
+        label: str | None = None,
+    ) -> None:
+        """Announce a request before its sender starts: only expected ids are accepted.
+
+        `total_bytes` bounds what its frames may announce; after `ttl` seconds (default:
+        request_ttl) it is failed and freed unless discarded; `label` names it in logs.
+        ValueError for an id already known, ReceiverFull when max_requests are tracked.
+        """
+        self.reassembler.expect(request_id, total_bytes=total_bytes, ttl=ttl, label=label)
+
     async def wait(self, request_id: str, timeout: float | None) -> KVManifest:
         """Wait until `request_id` is complete and verified; return its manifest.
 
         Raises TransferError (with the reason) if it failed, TimeoutError after `timeout`
-        seconds. May be called before the first frame arrives.
+        seconds, KeyError if it was never expected. May be called before the first frame.
         """
         return await self.reassembler.wait(request_id, timeout)
 
@@ -331,17 +478,37 @@ class KVReceiver:
             requests_active=r.active,
             requests_completed=r.completed,
             requests_failed=r.failed,
+            requests_tracked=r.tracked,
+            requests_retired=r.retired,
+            requests_expired=r.expired,
+            frames_refused=r.frames_refused,
+            connections_refused=self._conns_refused,
+            payload_bytes=r.payload_bytes,
+            buffer_bytes=sum(c.buffer_size for c in self._conns),
         )
 
     # ---------------------------------------------------------------------------- connections
 
-    def _connection_made(self, conn: _Connection) -> None:
+    def _connection_made(self, conn: _Connection) -> bool:
+        """Admit a new connection (False: it was dropped)."""
         if self._closing or self._tg is None:
             conn.abort()
-            return
+            return False
+        if len(self._conns) >= self._max_connections:
+            self._conns_refused += 1
+            if self._conns_refused % 1000 == 1:  # a flood must not flood the log too
+                log.warning(
+                    "refusing KV connections beyond %d (from %s; %d refused so far)",
+                    self._max_connections,
+                    conn.peer,
+                    self._conns_refused,
+                )
+            conn.abort()
+            return False
         self._conns.add(conn)
         self._conns_total += 1
         self._tg.create_task(self._watchdog(conn), name="kv-receiver-watchdog")
+        return True
 
     def _connection_lost(self, conn: _Connection, exc: Exception | None) -> None:
         self._conns.discard(conn)
@@ -373,6 +540,8 @@ class KVReceiver:
                     log.debug("closing idle KV connection from %s", conn.peer)
                     conn.close()
                     return
+                elif now - conn.last_activity >= self._check_interval:
+                    conn.shrink()  # a quiet connection keeps only its initial buffer
                 if reason is not None and not conn.closed.done():
                     self._timeouts += 1
                     log.info("closing KV connection from %s: %s", conn.peer, reason)

@@ -20,8 +20,10 @@ body whose meaning depends on the frame type:
     48  ...  request id, then body (DATA: payload; END: one u64 size per layer; ACK/ABORT: text)
 
 Why these choices:
-- String ids (not a fixed 16-byte UUID) because the router names requests and those names show up
-  in the history; 64 bytes bounds the header cost and the damage a corrupt length can do.
+- String ids (not a fixed 16-byte UUID), 1..64 bytes: the bound limits the header cost and the
+  damage a corrupt length can do. The router sends each attempt under a random token
+  (capability.py), which only the two ends it picked know; its own request names stay in the
+  history.
 - The checksum covers the header and id as well as the payload, so a flipped bit in an offset or a
   layer index is caught like one in the payload, not silently written to the wrong place.
 - ACK frames echo the sender's own monotonic stamp, so the sender measures RTT (including queueing

@@ -46,6 +46,7 @@ async def test_flipped_payload_byte_fails_the_request_with_a_checksum_reason(
     completed: list[KVManifest] = []
     async with KVReceiver(on_complete=completed.append) as rx:
         rid = "corrupt-me"
+        rx.expect(rid)
         # Byte 100 of the first frame's payload, on the only connection.
         proxy = await make_proxy(rx.port, flip_at=HEADER_SIZE + len(rid) + 100)
         async with KVSender("127.0.0.1", proxy.port, connections=1, max_retries=3) as sender:
@@ -63,6 +64,7 @@ async def test_flipped_payload_byte_fails_the_request_with_a_checksum_reason(
 async def test_checksum_off_is_reported_as_unverified(receiver: KVReceiver) -> None:
     from testbed.transfer import ChecksumAlgo
 
+    receiver.expect("plain")
     async with KVSender(
         "127.0.0.1", receiver.port, connections=1, checksum=ChecksumAlgo.NONE
     ) as sender:
@@ -77,6 +79,7 @@ async def test_reset_mid_transfer_with_retries_completes_exactly_once(
     completed: list[KVManifest] = []
     sizes = split_layers(3 << 20, 6)
     async with KVReceiver(on_complete=completed.append) as rx:
+        rx.expect("survivor")
         proxy = await make_proxy(rx.port, reset_after=700_000)
         async with KVSender(
             "127.0.0.1",
@@ -108,6 +111,8 @@ async def test_reset_mid_transfer_without_retries_fails_with_a_reason(
     make_proxy: ProxyFactory,
 ) -> None:
     async with KVReceiver() as rx:
+        rx.expect("victim")
+        rx.expect("next")
         proxy = await make_proxy(rx.port, reset_after=300_000)
         async with KVSender(
             "127.0.0.1", proxy.port, connections=1, max_retries=0, backoff=0.01
@@ -125,6 +130,7 @@ async def test_reset_mid_transfer_without_retries_fails_with_a_reason(
 
 async def test_retries_are_bounded(make_proxy: ProxyFactory) -> None:
     async with KVReceiver() as rx:
+        rx.expect("doomed")
         proxy = await make_proxy(rx.port, reset_after=100_000, resets=10)
         async with KVSender(
             "127.0.0.1", proxy.port, connections=1, max_retries=2, backoff=0.01
@@ -136,6 +142,7 @@ async def test_retries_are_bounded(make_proxy: ProxyFactory) -> None:
 
 
 async def test_receiver_wait_times_out_cleanly(receiver: KVReceiver) -> None:
+    receiver.expect("never-sent")
     t0 = time.monotonic()
     with pytest.raises(TimeoutError):
         await receiver.wait("never-sent", timeout=0.2)
@@ -220,6 +227,7 @@ async def test_receiver_drops_a_stalled_frame_and_garbage_but_keeps_serving() ->
         for w in (w1, w2):
             w.close()
         # 3. Still serving.
+        rx.expect("fine")
         async with KVSender("127.0.0.1", rx.port, connections=1) as sender:
             await _send(sender, "fine", (5000,))
         assert (await rx.wait("fine", 5)).total_bytes == 5000
@@ -230,6 +238,8 @@ async def test_idle_connections_are_closed_and_senders_reconnect() -> None:
         KVReceiver(idle_timeout=0.2, check_interval=0.05) as rx,
         KVSender("127.0.0.1", rx.port, connections=1, backoff=0.01) as sender,
     ):
+        rx.expect("a")
+        rx.expect("b")
         await _send(sender, "a", (1000,))
         await asyncio.sleep(0.6)
         await _send(sender, "b", (1000,))

@@ -37,6 +37,7 @@ async def test_multi_layer_round_trip(
     async with KVSender(
         "127.0.0.1", receiver.port, connections=connections, chunk_size=64 << 10
     ) as sender:
+        receiver.expect("req-1", total_bytes=sum(sizes))
         await _send(sender, source, "req-1", sizes)
         manifest = await receiver.wait("req-1", timeout=5)
         stats = sender.stats()
@@ -62,6 +63,7 @@ async def test_frames_are_striped_over_all_connections(
 ) -> None:
     async with KVSender("127.0.0.1", receiver.port, connections=4, chunk_size=16 << 10) as s:
         await s.wait_connected(5)
+        receiver.expect("wide")
         await _send(s, source, "wide", split_layers(4 << 20, 8))
         assert s.stats().connections_up == 4
     assert receiver.stats().connections_total == 4
@@ -74,6 +76,8 @@ async def test_many_concurrent_requests(source: PayloadSource) -> None:
         KVSender("127.0.0.1", rx.port, connections=4, chunk_size=32 << 10) as sender,
     ):
         layouts = {f"r{i}": split_layers(50_000 + 7_919 * i, 1 + i % 7) for i in range(40)}
+        for rid in layouts:
+            rx.expect(rid)
         async with asyncio.TaskGroup() as tg:
             for rid, sizes in layouts.items():
                 tg.create_task(_send(sender, source, rid, sizes))
@@ -87,6 +91,7 @@ async def test_many_concurrent_requests(source: PayloadSource) -> None:
 
 
 async def test_empty_request_completes_on_end_alone(receiver: KVReceiver) -> None:
+    receiver.expect("empty")
     async with KVSender("127.0.0.1", receiver.port, connections=1) as sender:
         async with sender.open("empty", (0, 0)) as tx:
             pass  # no layers with bytes: finish() sends just END
@@ -97,6 +102,7 @@ async def test_empty_request_completes_on_end_alone(receiver: KVReceiver) -> Non
 async def test_layerwise_pipelining(receiver: KVReceiver, source: PayloadSource) -> None:
     """Layer 0 reaches the receiver before the producer has handed over the last layer."""
     sizes = split_layers(2 << 20, 4)
+    receiver.expect("pipe")
     async with KVSender("127.0.0.1", receiver.port, connections=2) as sender:
         async with sender.open("pipe", sizes) as tx:
             await tx.send_layer(0, source.layer("pipe", 0, sizes[0]))
@@ -115,6 +121,7 @@ async def test_send_layer_returns_before_bytes_are_sent(
 ) -> None:
     """Handing over a layer does not wait for the network, so compute overlaps sending."""
     sizes = (4 << 20,)
+    receiver.expect("async")
     async with (
         KVSender("127.0.0.1", receiver.port, connections=1) as sender,
         sender.open("async", sizes) as tx,
@@ -125,6 +132,7 @@ async def test_send_layer_returns_before_bytes_are_sent(
 
 
 async def test_misuse_is_reported(receiver: KVReceiver) -> None:
+    receiver.expect("bad")
     async with KVSender("127.0.0.1", receiver.port, connections=1) as sender:
         tx = sender.open("bad", (10, 20))
         with pytest.raises(ValueError, match="already being sent"):
@@ -149,6 +157,7 @@ async def test_exception_in_context_aborts_on_the_receiver(receiver: KVReceiver)
         KVReceiver(on_failure=lambda rid, why: failures.append((rid, why))) as rx,
         KVSender("127.0.0.1", rx.port, connections=1) as sender,
     ):
+        rx.expect("crash")
         with pytest.raises(RuntimeError, match="prefill crashed"):
             async with sender.open("crash", (100, 100)) as tx:
                 await tx.send_layer(0, b"a" * 100)
@@ -161,6 +170,7 @@ async def test_exception_in_context_aborts_on_the_receiver(receiver: KVReceiver)
 async def test_discard_frees_state_and_late_duplicates_do_not_resurrect(
     receiver: KVReceiver, source: PayloadSource
 ) -> None:
+    receiver.expect("once")
     async with KVSender("127.0.0.1", receiver.port, connections=1) as sender:
         await _send(sender, source, "once", (1000,))
         await receiver.wait("once", 5)
@@ -184,6 +194,7 @@ def test_round_trip_under_uvloop(source: PayloadSource) -> None:
             KVReceiver(keep_payload=True) as rx,
             KVSender("127.0.0.1", rx.port, connections=4, chunk_size=128 << 10) as sender,
         ):
+            rx.expect("uv")
             await _send(sender, source, "uv", sizes)
             manifest = await rx.wait("uv", timeout=5)
             assert [bytes(b) for b in rx.take_payload("uv")] == [
@@ -201,8 +212,9 @@ def test_round_trip_under_uvloop(source: PayloadSource) -> None:
 async def test_frames_larger_than_the_receive_buffer(
     receiver: KVReceiver, source: PayloadSource
 ) -> None:
-    """4 MiB frames force the receiver to grow its 1 MiB buffer mid-frame."""
+    """4 MiB frames force the receiver to grow its 64 KiB buffer mid-frame."""
     sizes = (5 << 20, 3 << 20)
+    receiver.expect("big")
     async with KVSender("127.0.0.1", receiver.port, connections=2, chunk_size=4 << 20) as s:
         await _send(s, source, "big", sizes)
     await receiver.wait("big", 5)

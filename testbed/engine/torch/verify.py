@@ -193,6 +193,7 @@ class _Harness:
         """Prefill streaming layer by layer through the link, then decode from the bytes."""
         assert self.sender is not None
         sizes = self.prefill.layer_sizes(len(tokens))
+        self.rx.expect(rid)  # the receiver accepts frames only for ids it expects
         try:
             async with self.sender.open(rid, sizes) as tx:
                 res = await self.prefill.run(tokens, tx.send_layer)
@@ -214,6 +215,7 @@ class _Harness:
 
     async def send(self, sender: KVSender, rid: str, res: PrefillResult) -> int:
         """Send a finished prefill's layers; returns how many retries the transfer needed."""
+        self.rx.expect(rid)
         async with sender.open(rid, res.layer_sizes) as tx:
             for layer, data in enumerate(res.layers):
                 await tx.send_layer(layer, data)
