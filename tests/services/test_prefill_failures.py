@@ -19,7 +19,14 @@ BODY = {"id": "r1", "uncached_tokens": 2000, "kv_host": "127.0.0.1", "kv_port": 
 
 @pytest.fixture
 async def prefill() -> AsyncIterator[TestClient]:
-    spec = ServiceSpec(role="prefill", id="p", cluster="prfaas", hardware="h200x8", time_scale=500)
+    spec = ServiceSpec(
+        role="prefill",
+        id="p",
+        cluster="prfaas",
+        hardware="h200x8",
+        time_scale=500,
+        kv_targets=[("127.0.0.1", 9)],
+    )
     app, _ = await create_app(spec)
     async with TestClient(TestServer(app)) as client:
         yield client
