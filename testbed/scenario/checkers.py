@@ -19,7 +19,7 @@ Scenario checkers (the `checkers:` list of a scenario, `testbed.config.CheckerCo
   request avoids it by not crossing datacenters, and only requests the policy would offload
   (uncached length above the lowest threshold any request saw; all requests if none had one)
   count. For process faults a request avoids the target if neither its prefill nor its decode
-  instance is one of the faulty instances. A fault with no request to re-route during it passes.
+  instance is one of the faulty instances.
 - recover: after a fault ends, TTFT is back under `ttft` within `within`: the first request
   (by arrival, arriving after the end) that starts a run of `streak` consecutive completed
   requests within the bound arrives no later than `within` after the end.
@@ -31,7 +31,16 @@ And, when the runner passes the load generator's planned count, generator_count:
 the generator planned was submitted (requests never submitted are only allowed on Ctrl-C).
 
 Each result carries a one-line detail with the counts and the first few offending ids, which is
-what a person needs to start debugging from the report.
+what a person needs to start debugging from the report, and a verdict: ok, failed, or vacuous.
+A vacuous check exercised nothing, so it neither passed nor failed: a fault during which no
+request needed re-routing, a fault that never applied or never ended, fewer requests after a
+fault's end than the recovery streak, a percentile over zero completed requests (or with no
+pre-fault value to compare with), nothing submitted, completed or decoded for the built-ins.
+It does not fail the run (a run that breaks everything is caught by a `failures` bound, which
+every library scenario carries), but it is shown as such, and the chaos suite asserts that its
+own scenarios are never vacuous. What can be known before the run (a fault past the duration,
+a checker about a fault the timeline lacks) is refused then instead: `checkers_fit` here and
+`testbed.scenario.nemesis.check_timeline_fits`, called by the runner's prepare_run.
 """
 
 from __future__ import annotations

@@ -309,3 +309,30 @@ def test_latency_is_vacuous_with_nothing_to_take_a_percentile_of() -> None:
     assert c.verdict == "vacuous" and "no pre-fault value" in c.detail, c
     assert check_latency(ok, "ttft", 90, 5.0, history=PARTITION, during="partition").ok
     assert check_failures([], 0, 0.0).verdict == "vacuous"
+
+
+def test_every_library_scenario_fails_its_checkers_when_every_request_fails() -> None:
+    # issue #12 item 13: burst and paper had no checker, so a run in which every request
+    # failed passed them. Each scenario's own checkers (not the built-ins, which hold when
+    # every request fails with a reason) must catch it, starting with a `failures` bound.
+    from testbed.config import load_scenario
+    from tests.chaos.harness import LIBRARY, SCENARIOS
+
+    for name in LIBRARY:
+        sc = load_scenario(SCENARIOS / f"{name}.yaml")
+        assert any(c.check == "failures" for c in sc.checkers), f"{name}: no failures bound"
+        history = [HistoryEvent(0.0, "plan", {"lambda_max_rps": 2.0})]
+        for i, ev in enumerate(sc.nemesis):
+            history.append(fault(ev.at, ev.action, "start", index=i))
+            if ev.end is not None:
+                history.append(fault(ev.end, ev.action, "end", index=i))
+        failed = [
+            rec(i, sc.duration * i / 200, status="failed", failure_reason="x", tokens_out=0)
+            for i in range(200)
+        ]
+        ids = [r.id for r in failed]
+        results = run_checkers(failed, ids, history=history, configs=sc.checkers)
+        own = results[-len(sc.checkers) :]
+        verdicts = {c.name: c.verdict for c in own}
+        assert verdicts["failures"] == "failed", (name, verdicts)
+        assert "ok" not in verdicts.values(), (name, [(c.name, c.detail) for c in own])
