@@ -433,14 +433,17 @@ class CheckerConfig(_Model):
       percentile before the fault.
     - failures: at most `max_fraction` of submitted requests failed (with a reason).
     - reroute: after each `fault` (a nemesis action) starts, a request that avoids the faulty
-      target starts prefill within `within`.
+      target starts prefill within `within` (vacuous if no request needed re-routing).
     - recover: after each `fault` ends, TTFT is back under `ttft` (for `streak` consecutive
-      requests by arrival) within `within`.
+      requests by arrival) within `within` (vacuous if the fault never ended in the run or
+      fewer than `streak` requests arrived after it).
     - throughput: requests completed per second (by last token) in [`after`, `until`] is at
       least `min_fraction` of the planner's lambda_max for the workload in force at `after`
       (after a `workload.shift`: the new optimum, PD split free).
     - token_exact (`engine: torch` only): every completed request's token ids equal a
       single-process generation of the same prompt (recomputed after the run).
+
+    A check with nothing to judge is vacuous (testbed.scenario.checkers), not passed.
     """
 
     check: CheckName

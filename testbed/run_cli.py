@@ -74,7 +74,8 @@ def _run(args: argparse.Namespace) -> int:
             bar.close()
     print(to_text(result.summary))
     for check in result.checks:
-        print(f"check {check.name}: {'ok' if check.ok else 'FAILED'} - {check.detail}")
+        shown = {"ok": "ok", "failed": "FAILED", "vacuous": "VACUOUS"}[check.verdict]
+        print(f"check {check.name}: {shown} - {check.detail}")
     print(f"results: {out}/ (requests.jsonl, summary.json, report.md, timeline.png)")
     return result.exit_code
 

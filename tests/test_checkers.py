@@ -1,4 +1,5 @@
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,8 @@ from testbed.scenario.checkers import (
     check_nothing_lost,
     run_checkers,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def done(i: int, kv: int = 1000) -> RequestRecord:
@@ -160,3 +163,106 @@ def test_throughput_uses_the_optimum_after_the_shift() -> None:
     res = run_checker(cfg, recs[:170], [plan], 170)  # 1.70 req/s
     assert not res.ok and "vs planner 2.00 req/s" in res.detail
     assert not run_checker(cfg, recs, [], len(recs)).ok  # no optimum recorded: cannot pass
+
+
+# ------------------------------------------------------------------- vacuous (issue #12, 14)
+
+
+def test_a_vacuous_result_did_not_fail_and_says_so() -> None:
+    ok = CheckResult("x", True, "d")
+    vac = CheckResult("x", True, "d", vacuous=True)
+    bad = CheckResult("x", False, "d")
+    assert [c.verdict for c in (ok, vac, bad)] == ["ok", "vacuous", "failed"]
+    assert vac.to_json() == {"name": "x", "ok": True, "verdict": "vacuous", "detail": "d"}
+    with pytest.raises(ValueError, match="vacuous"):
+        CheckResult("x", False, "d", vacuous=True)
+
+
+def test_builtins_are_vacuous_when_nothing_ran_or_completed() -> None:
+    assert check_nothing_lost([], []).verdict == "vacuous"
+    all_failed = [failed(1), failed(2)]
+    ids = ["r000001", "r000002"]
+    verdicts = {c.name: c.verdict for c in run_checkers(all_failed, ids)}
+    # every request ended with a reason: nothing lost; but no KV was accounted or decoded
+    assert verdicts == {
+        "nothing_lost": "ok",
+        "kv_accounted": "vacuous",
+        "no_unverified_decode": "vacuous",
+    }
+    assert check_kv_accounted(good()).verdict == "ok"
+    assert check_no_unverified_decode(good()).verdict == "ok"
+
+
+def _partition_run(tmp_path: Path, quiet_during: bool) -> Path:
+    """Results of a hand-made partition run, written by the real write_results: with
+    `quiet_during`, no request that the policy would offload arrives during the cut."""
+    from testbed.config import load_scenario
+    from testbed.metrics.records import HistoryEvent
+    from testbed.scenario.results import write_results
+    from testbed.scenario.runner import RunOptions, prepare_run
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    opts = RunOptions(out_dir=tmp_path, progress=False)
+    rp = prepare_run(load_scenario(ROOT / "scenarios" / "partition.yaml"), opts)
+    records = []
+    for spec in rp.requests:
+        during = 60 <= spec.arrival < 100
+        records.append(
+            replace(
+                done(0),
+                id=spec.id,
+                arrival=spec.arrival,
+                input_tokens=1_000 if during and quiet_during else 50_000,
+                threshold_tokens=19_500,
+                cross_dc=not during,
+                prefill_start=spec.arrival + 0.5,
+                first_token=spec.arrival + 1.0,
+                last_token=spec.arrival + 2.0,
+            )
+        )
+    history = [
+        HistoryEvent(60.0, "fault", {"action": "partition", "phase": "start", "index": 0}),
+        HistoryEvent(100.0, "fault", {"action": "partition", "phase": "end", "index": 0}),
+    ]
+    submitted = [r.id for r in records]
+    write_results(rp, opts, submitted, records, history, [], False)
+    return tmp_path
+
+
+def test_summary_and_report_show_a_vacuous_check(tmp_path: Path) -> None:
+    import json
+
+    out = _partition_run(tmp_path, quiet_during=True)
+    checks = {c["name"]: c for c in json.loads((out / "summary.json").read_text())["checks"]}
+    assert checks["reroute_partition"]["verdict"] == "vacuous", checks
+    assert checks["reroute_partition"]["ok"] is True
+    assert checks["failures"]["verdict"] == "ok"
+    report = (out / "report.md").read_text()
+    assert "| reroute_partition | VACUOUS |" in report
+    assert "no check failed, 1 VACUOUS (exercised nothing)" in report
+
+
+def test_cli_prints_a_vacuous_check_and_exits_0(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from testbed import cli, run_cli
+    from testbed.scenario.runner import RunResult
+
+    async def fake_run(rp: object, opts: object, progress: object = None) -> RunResult:
+        import json
+
+        from testbed.scenario.checkers import CheckResult
+
+        out = _partition_run(tmp_path / "run", quiet_during=True)
+        summary = json.loads((out / "summary.json").read_text())
+        checks = [CheckResult(c["name"], c["ok"], c["detail"], c["verdict"] == "vacuous")
+                  for c in summary["checks"]]  # fmt: skip
+        return RunResult(out, [], [], summary, checks)
+
+    monkeypatch.setattr(run_cli, "run_scenario", fake_run)
+    rc = cli.main(["run", str(ROOT / "scenarios" / "partition.yaml"), "--quiet", "--out",
+                   str(tmp_path / "cli")])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "check reroute_partition: VACUOUS - partition at 60s:" in printed, printed
+    assert "check failures: ok - " in printed
+    assert rc == 0  # vacuous does not fail the run

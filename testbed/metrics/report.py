@@ -114,6 +114,22 @@ def _prefix_cache_section(cache: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+_RESULT = {"ok": "PASS", "failed": "**FAIL**", "vacuous": "VACUOUS"}
+"""The result column of the checks table, by verdict."""
+
+
+def _checks_verdict(checks: Sequence[CheckResult]) -> str:
+    """The headline's word on the checks: a vacuous check (it exercised nothing) is named, so
+    a run whose checks passed only because nothing was tested does not read as all passed."""
+    failed = sum(1 for c in checks if c.verdict == "failed")
+    vacuous = sum(1 for c in checks if c.verdict == "vacuous")
+    if failed:
+        return f"{failed} FAILED" + (f", {vacuous} vacuous" if vacuous else "")
+    if vacuous:
+        return f"no check failed, {vacuous} VACUOUS (exercised nothing)"
+    return "all checks passed"
+
+
 def render_report(
     scenario_name: str,
     summary: dict[str, Any],
@@ -124,8 +140,7 @@ def render_report(
 ) -> str:
     """The markdown text of a report; `timeline` is a relative image path to embed, if any."""
     scale, req, slo = summary["scale"], summary["requests"], summary["slo"]
-    passed = sum(1 for c in checks if c.ok)
-    verdict = "all checks passed" if passed == len(checks) else f"{len(checks) - passed} FAILED"
+    verdict = _checks_verdict(checks)
     lines = [f"# {scenario_name}", ""]
     lines += [
         f"**{req['completed']}/{req['submitted']} requests completed, goodput "
@@ -288,7 +303,7 @@ def render_report(
     if checks:
         lines += _table(
             ["check", "result", "detail"],
-            [[c.name, "PASS" if c.ok else "**FAIL**", c.detail] for c in checks],
+            [[c.name, _RESULT[c.verdict], c.detail] for c in checks],
         )
     else:
         lines.append("No checkers ran.")

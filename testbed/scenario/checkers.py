@@ -19,7 +19,7 @@ Scenario checkers (the `checkers:` list of a scenario, `testbed.config.CheckerCo
   request avoids it by not crossing datacenters, and only requests the policy would offload
   (uncached length above the lowest threshold any request saw; all requests if none had one)
   count. For process faults a request avoids the target if neither its prefill nor its decode
-  instance is one of the faulty instances. A fault with no request to re-route during it passes.
+  instance is one of the faulty instances.
 - recover: after a fault ends, TTFT is back under `ttft` within `within`: the first request
   (by arrival, arriving after the end) that starts a run of `streak` consecutive completed
   requests within the bound arrives no later than `within` after the end.
@@ -31,7 +31,16 @@ And, when the runner passes the load generator's planned count, generator_count:
 the generator planned was submitted (requests never submitted are only allowed on Ctrl-C).
 
 Each result carries a one-line detail with the counts and the first few offending ids, which is
-what a person needs to start debugging from the report.
+what a person needs to start debugging from the report, and a verdict: ok, failed, or vacuous.
+A vacuous check exercised nothing, so it neither passed nor failed: a fault during which no
+request needed re-routing, a fault that never applied or never ended, fewer requests after a
+fault's end than the recovery streak, a percentile over zero completed requests (or with no
+pre-fault value to compare with), nothing submitted, completed or decoded for the built-ins.
+It does not fail the run (a run that breaks everything is caught by a `failures` bound, which
+every library scenario carries), but it is shown as such, and the chaos suite asserts that its
+own scenarios are never vacuous. What can be known before the run (a fault past the duration,
+a checker about a fault the timeline lacks) is refused then instead: `checkers_fit` here and
+`testbed.scenario.nemesis.check_timeline_fits`, called by the runner's prepare_run.
 """
 
 from __future__ import annotations
@@ -40,16 +49,19 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 
-from testbed.config import CheckerConfig
+from testbed.config import CheckerConfig, Scenario
+from testbed.errors import UserError
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.metrics.summary import stats
 
 __all__ = [
     "CheckResult",
     "ModelRun",
+    "Verdict",
     "check_failures",
     "check_generator_count",
     "check_kv_accounted",
@@ -59,6 +71,7 @@ __all__ = [
     "check_recover",
     "check_reroute",
     "check_token_exact",
+    "checkers_fit",
     "run_checker",
     "run_checkers",
 ]
@@ -67,11 +80,54 @@ _SHOW = 5
 """How many offending ids a detail line names."""
 
 
+Verdict = Literal["ok", "failed", "vacuous"]
+
+
 @dataclass
 class CheckResult:
+    """One checker's verdict on a run.
+
+    `ok` means "did not fail", so callers that gate a run on its checks keep working; a check
+    that had nothing to judge (no request in scope, a fault that never applied or never ended,
+    zero completed requests for a percentile) is `vacuous`: it did not fail, and it did not
+    pass either. It is reported as such (summary.json, report.md, the printed check lines) and
+    does not fail the run, but a suite that means to test something asserts it never happens.
+    """
+
     name: str
     ok: bool
     detail: str
+    vacuous: bool = False
+
+    def __post_init__(self) -> None:
+        if self.vacuous and not self.ok:
+            raise ValueError(f"check {self.name}: a vacuous check did not fail; ok must be True")
+
+    @property
+    def verdict(self) -> Verdict:
+        if self.vacuous:
+            return "vacuous"
+        return "ok" if self.ok else "failed"
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry of summary.json `checks`."""
+        return {"name": self.name, "ok": self.ok, "verdict": self.verdict, "detail": self.detail}
+
+
+def _vacuous(name: str, detail: str) -> CheckResult:
+    return CheckResult(name, True, detail, vacuous=True)
+
+
+def _combine(name: str, parts: Sequence[tuple[Verdict, str]]) -> CheckResult:
+    """One result from per-fault verdicts: failed if any failed, else vacuous if any part
+    exercised nothing (the claim "after each fault" was not shown for that one), else ok."""
+    detail = "; ".join(text for _, text in parts)
+    verdicts = {v for v, _ in parts}
+    if "failed" in verdicts:
+        return CheckResult(name, False, detail)
+    if "vacuous" in verdicts or not parts:
+        return _vacuous(name, detail)
+    return CheckResult(name, True, detail)
 
 
 def _ids(ids: Sequence[str]) -> str:
@@ -115,6 +171,8 @@ def check_nothing_lost(
         problems.append("completed + failed does not equal submitted")
     if problems:
         return CheckResult("nothing_lost", False, f"{tally}; " + "; ".join(problems))
+    if not submitted_ids:
+        return _vacuous("nothing_lost", f"{tally}: nothing to account for")
     return CheckResult("nothing_lost", True, tally)
 
 
@@ -141,6 +199,8 @@ def check_kv_accounted(records: Sequence[RequestRecord]) -> CheckResult:
         problems.append(f"{len(unverified)} completed without verified KV: {_ids(unverified)}")
     if problems:
         return CheckResult("kv_accounted", False, f"{totals}; " + "; ".join(problems))
+    if not completed:
+        return _vacuous("kv_accounted", f"{totals}: no completed request to account")
     return CheckResult("kv_accounted", True, totals)
 
 
@@ -155,6 +215,8 @@ def check_no_unverified_decode(records: Sequence[RequestRecord]) -> CheckResult:
             f"{len(bad)} of {decoded} decoded requests streamed tokens without verified KV: "
             f"{_ids(bad)}",
         )
+    if not decoded:
+        return _vacuous("no_unverified_decode", "no request streamed a token: nothing to verify")
     return CheckResult("no_unverified_decode", True, f"{decoded} decoded requests, all verified")
 
 
@@ -190,7 +252,7 @@ def check_latency(
     if during is not None:
         windows = _fault_windows(history, during)
         if not windows:
-            return CheckResult(name, False, f"no {during!r} fault was applied in this run")
+            return _vacuous(name, _not_applied(history, during))
         if max_ratio is not None:
             start, end, _ = windows[0]
             length = (end if math.isfinite(end) else start + 60.0) - start
@@ -202,7 +264,11 @@ def check_latency(
                 and (v := getattr(r, metric)) is not None
             ]
             if not before:
-                return CheckResult(name, False, f"no completed request before the {during}")
+                return _vacuous(
+                    name,
+                    f"no completed request in the {_s(length)} before the {during}: "
+                    "no pre-fault value to compare with",
+                )
             pre = float(np.percentile(before, p))
             bound_s = max_ratio * pre
             baseline = f" = {max_ratio:g} x p{p:g} {_s(pre)} before the {during}"
@@ -211,7 +277,13 @@ def check_latency(
         v for r in records if r.status == "completed" and (v := getattr(r, metric)) is not None
     ]
     if not values:
-        return CheckResult(name, False, f"no completed request has a {metric}")
+        where = f" among requests arriving during the {during}" if during else ""
+        failed = sum(1 for r in records if r.status == "failed")
+        return _vacuous(
+            name,
+            f"no completed request has a {metric}{where} ({len(records)} requests, "
+            f"{failed} failed): no percentile to bound",
+        )
     got = float(np.percentile(values, p))
     mean = stats(values)["mean"]
     detail = (
@@ -226,7 +298,9 @@ def check_failures(
     records: Sequence[RequestRecord], submitted: int, max_fraction: float
 ) -> CheckResult:
     failed = sum(1 for r in records if r.status == "failed")
-    frac = failed / submitted if submitted else 0.0
+    if not submitted:
+        return _vacuous("failures", "no request was submitted")
+    frac = failed / submitted
     detail = f"{failed} of {submitted} failed ({frac:.1%}, at most {max_fraction:.1%})"
     return CheckResult("failures", frac <= max_fraction, detail)
 
@@ -249,6 +323,22 @@ def _fault_windows(history: Sequence[HistoryEvent], action: str) -> list[tuple[f
     ]
 
 
+def _not_applied(history: Sequence[HistoryEvent], action: str) -> str:
+    """Why no `action` fault has a window: it was never started (the run ended or was
+    interrupted first) or every attempt to apply it failed (its error)."""
+    errors = [
+        str(e.data["error"])
+        for e in history
+        if e.kind == "fault"
+        and e.data.get("action") == action
+        and e.data.get("phase") == "start"
+        and "error" in e.data
+    ]
+    if errors:
+        return f"the {action!r} fault failed to apply ({errors[0]}): it exercised nothing"
+    return f"no {action!r} fault was applied in this run: it exercised nothing"
+
+
 def _in_scope(r: RequestRecord, instances: set[str], t_min: float | None) -> bool:
     """Whether a request would have used the faulty target (see the module docstring)."""
     if instances:
@@ -268,15 +358,16 @@ def check_reroute(
     fault: str,
     within_s: float,
 ) -> CheckResult:
-    """After each `fault` starts, a request avoiding its target starts prefill within bound."""
+    """After each `fault` starts, a request avoiding its target starts prefill within bound.
+
+    A fault during which no request in scope arrived exercised nothing: vacuous, not ok."""
     name = f"reroute_{fault}"
     windows = _fault_windows(history, fault)
     if not windows:
-        return CheckResult(name, False, f"no {fault!r} fault was applied in this run")
+        return _vacuous(name, _not_applied(history, fault))
     thresholds = [r.threshold_tokens for r in records if r.threshold_tokens is not None]
     t_min = min(thresholds) if thresholds else None
-    parts: list[str] = []
-    ok = True
+    parts: list[tuple[Verdict, str]] = []
     for start, end, target in windows:
         instances = set(target.split(",")) if target and target != "link" else set()
 
@@ -293,16 +384,15 @@ def check_reroute(
         what = f"{fault}{' of ' + target if target else ''} at {start:.4g}s"
         if served:
             took = min(served) - start
-            good = took <= within_s
-            parts.append(f"{what}: re-routed after {_s(took)} (bound {_s(within_s)})")
+            verdict: Verdict = "ok" if took <= within_s else "failed"
+            parts.append((verdict, f"{what}: re-routed after {_s(took)} (bound {_s(within_s)})"))
         elif not scoped:
-            good = True
-            parts.append(f"{what}: no request needed re-routing")
+            parts.append(("vacuous", f"{what}: no request needing re-routing arrived during it"))
         else:
-            good = False
-            parts.append(f"{what}: none of {len(scoped)} requests arriving during it avoided it")
-        ok = ok and good
-    return CheckResult(name, ok, "; ".join(parts))
+            parts.append(
+                ("failed", f"{what}: none of {len(scoped)} requests arriving during it avoided it")
+            )
+    return _combine(name, parts)
 
 
 def check_recover(
@@ -313,19 +403,22 @@ def check_recover(
     ttft_s: float,
     streak: int = 3,
 ) -> CheckResult:
-    """After each `fault` ends, TTFT is back under `ttft_s` within `within_s` (see module)."""
+    """After each `fault` ends, TTFT is back under `ttft_s` within `within_s` (see module).
+
+    A fault that never ended, or after whose end fewer than `streak` requests arrived and no
+    good streak was seen, leaves nothing to judge: vacuous, not ok."""
     name = f"recover_{fault}"
     windows = _fault_windows(history, fault)
     if not windows:
-        return CheckResult(name, False, f"no {fault!r} fault was applied in this run")
-    parts: list[str] = []
-    ok = True
+        return _vacuous(name, _not_applied(history, fault))
+    parts: list[tuple[Verdict, str]] = []
     ordered = sorted(records, key=lambda r: (r.arrival, r.id))
     for _start, end, target in windows:
         what = f"{fault}{' of ' + target if target else ''}"
         if math.isinf(end):
-            ok = False
-            parts.append(f"{what}: never ended, so there is nothing to recover from")
+            parts.append(
+                ("vacuous", f"{what}: never ended in this run, so nothing to recover from")
+            )
             continue
         after = [r for r in ordered if r.arrival >= end]
         good_at: float | None = None
@@ -334,20 +427,33 @@ def check_recover(
             if all(r.status == "completed" and (r.ttft or math.inf) <= ttft_s for r in window):
                 good_at = after[i].arrival
                 break
-        if good_at is None:
-            ok = False
+        if good_at is None and len(after) < streak:
             parts.append(
-                f"{what} ended at {end:.4g}s: TTFT never back under {_s(ttft_s)} for {streak} "
-                f"requests in a row ({len(after)} arrived after it)"
+                (
+                    "vacuous",
+                    f"{what} ended at {end:.4g}s: {len(after)} requests arrived after it, fewer "
+                    f"than the streak of {streak} that recovery needs",
+                )
+            )
+            continue
+        if good_at is None:
+            parts.append(
+                (
+                    "failed",
+                    f"{what} ended at {end:.4g}s: TTFT never back under {_s(ttft_s)} for "
+                    f"{streak} requests in a row ({len(after)} arrived after it)",
+                )
             )
             continue
         took = good_at - end
-        ok = ok and took <= within_s
         parts.append(
-            f"{what} ended at {end:.4g}s: TTFT under {_s(ttft_s)} again after {_s(took)} "
-            f"(bound {_s(within_s)})"
+            (
+                "ok" if took <= within_s else "failed",
+                f"{what} ended at {end:.4g}s: TTFT under {_s(ttft_s)} again after {_s(took)} "
+                f"(bound {_s(within_s)})",
+            )
         )
-    return CheckResult(name, ok, "; ".join(parts))
+    return _combine(name, parts)
 
 
 @dataclass(frozen=True)
@@ -405,7 +511,9 @@ def check_token_exact(records: Sequence[RequestRecord], run: ModelRun | None) ->
         detail += f"; {len(missing)} without token ids: {_ids(missing)}"
     if bad:
         detail += f"; {len(bad)} differ from single-process generation: {_ids(bad)}"
-    return CheckResult(name, not bad and not missing and bool(completed), detail)
+    if not completed:
+        return _vacuous(name, f"{detail}: nothing to compare")
+    return CheckResult(name, not bad and not missing, detail)
 
 
 def check_throughput(
@@ -437,6 +545,35 @@ def check_throughput(
         f"{rate:.2f} req/s completed ({done} requests) vs planner {target:.2f} req/s "
         f"({rate / target - 1:+.1%}; at least {min_fraction:.0%})",
     )
+
+
+def checkers_fit(scenario: Scenario, duration_s: float) -> None:
+    """Refuse, before anything starts, a checker that this run could only judge vacuously or
+    fail for a reason that has nothing to do with the service: one about a fault the timeline
+    does not have, `recover` from a fault that never ends, or a throughput window that ends
+    after the arrivals do. (Faults past the duration: nemesis.check_timeline_fits.)"""
+    problems: list[str] = []
+    for i, c in enumerate(scenario.checkers):
+        action = c.fault or c.during
+        if action is not None:
+            events = [ev for ev in scenario.nemesis if ev.action == action]
+            if not events:
+                problems.append(
+                    f"checkers.{i} ({c.check}) is about a {action!r} fault, and the "
+                    "nemesis timeline has none"
+                )
+            elif c.check == "recover" and all(ev.end is None for ev in events):
+                problems.append(
+                    f"checkers.{i} (recover) needs a {action!r} fault that ends "
+                    "(one with 'for'); none does"
+                )
+        if c.check == "throughput" and c.until is not None and c.until > duration_s:
+            problems.append(
+                f"checkers.{i} (throughput) measures until {c.until:g}s, past the "
+                f"run's duration of {duration_s:g}s"
+            )
+    if problems:
+        raise UserError(f"scenario {scenario.name!r}: " + "; ".join(problems))
 
 
 def run_checker(

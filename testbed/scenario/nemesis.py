@@ -39,7 +39,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from testbed.config import NEMESIS_TARGET_GROUPS, NemesisEvent, Scenario
-from testbed.errors import ConfigError
+from testbed.errors import ConfigError, UserError
 from testbed.metrics.records import HistoryEvent
 from testbed.scenario.link import LinkSetup
 from testbed.substrate.base import ServiceHandle, Substrate
@@ -53,6 +53,7 @@ __all__ = [
     "NemesisPlayer",
     "PlannedFault",
     "burst_requests",
+    "check_timeline_fits",
     "instance_ids",
     "plan_faults",
 ]
@@ -138,6 +139,25 @@ def plan_faults(
             targets = _resolve_targets(ev, i, ids, scenario.seed, where)
         out.append(PlannedFault(i, ev, targets))
     return out
+
+
+def check_timeline_fits(scenario: Scenario, duration_s: float) -> None:
+    """Refuse, before anything starts, a timeline with a fault that starts at or after the end
+    of the arrivals: it would never be applied (or apply to an idle deployment) and its
+    checkers could only say so afterwards. A fault that starts inside the run and ends past it
+    is allowed: it is applied, and it ends during the drain or not at all (a `recover` checker
+    over it is then vacuous)."""
+    late = [
+        f"nemesis.{i} ({ev.action} at {ev.at:g}s)"
+        for i, ev in enumerate(scenario.nemesis)
+        if ev.at >= duration_s
+    ]
+    if late:
+        raise UserError(
+            f"scenario {scenario.name!r}: {', '.join(late)} starts at or after the run's "
+            f"duration of {duration_s:g}s, so it would exercise nothing; raise --duration or "
+            "move the fault"
+        )
 
 
 def burst_requests(

@@ -77,7 +77,7 @@ def write_results(
             else None
         ),
     )
-    summary["checks"] = [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks]
+    summary["checks"] = [c.to_json() for c in checks]
     atomic_write(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     write_timeline(
         out / "timeline.png",

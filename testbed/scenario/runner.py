@@ -207,6 +207,13 @@ def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
     else:
         rate = None
     duration = opts.duration_s if opts.duration_s is not None else scenario.duration
+    # Before any process starts: a fault or a checker this run cannot exercise is an error now,
+    # not two failed (or vacuous) checkers afterwards.
+    from testbed.scenario.checkers import checkers_fit
+    from testbed.scenario.nemesis import check_timeline_fits
+
+    check_timeline_fits(scenario, duration)
+    checkers_fit(scenario, duration)
     shift_plan: StagePlan | None = None
     shift_rate: float | None = None
     shift = scenario.workload.shift

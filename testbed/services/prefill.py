@@ -105,6 +105,8 @@ async def _prefill(request: web.Request) -> web.Response:
     tokens = int_field(body, "uncached_tokens", 1, 10_000_000)
     target = (str_field(body, "kv_host", 255), int_field(body, "kv_port", 1, 65535))
     state.targets.check(target)
+    if state.spec.unsafe_fail_prefill:  # TEST-ONLY: see ServiceSpec.unsafe_fail_prefill
+        return web.json_response({"error": "prefill failed (unsafe_fail_prefill)"}, status=502)
     job = PrefillJob(rid, tokens, target, asyncio.get_running_loop().create_future(), 0.0)
     if "kv_tokens" in body:
         job.kv_tokens = int_field(body, "kv_tokens", 1, 10_000_000)

@@ -88,6 +88,10 @@ class ServiceSpec(BaseModel):
     """TEST-ONLY, never set by a scenario: decode admits requests without waiting for their KV
     or its checksums, so the chaos tests can show the no_unverified_decode and kv_accounted
     checkers catching a broken receiver (tests/chaos/test_broken_variants.py)."""
+    unsafe_fail_prefill: bool = False
+    """TEST-ONLY, never set by a scenario: prefill answers every request with an error at once
+    (nothing computed, no KV sent): a deployment that cannot serve, so the chaos tests can show
+    every scenario's own checkers catching it (tests/chaos/test_broken_variants.py)."""
     initial_role: Literal["prefill", "decode"] = "decode"
     """pd only: the role a switchable PD instance serves first."""
     role_switch_s: float = Field(5.0, ge=0)

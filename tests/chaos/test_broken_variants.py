@@ -1,11 +1,21 @@
 """Each checker shown to fail on a deliberately broken variant.
 
-Live (marker chaos): a decode that skips KV verification (the test-only ServiceSpec switch
-`unsafe_skip_kv_verify`) fails no_unverified_decode and kv_accounted; a policy that ignores link
-state and length (`naive`, everything across the link) fails bandwidth-drop's TTFT bound
-during the drop (prfaas, which moves t with the link, passes it). The
-other checkers (reroute, recover, latency bounds, failures, generator_count, nothing_lost) are
-shown failing on records that such broken runs produce, in test_checkers_scenario.py.
+Live (marker chaos):
+
+- every scenario of the library, on a deployment that cannot serve (every prefill fails at
+  once: the test-only ServiceSpec switch `unsafe_fail_prefill`), fails its own checkers:
+  `failures` fails, and none of its other checkers passes (each fails, or is vacuous because
+  nothing completed). The built-ins cannot catch this alone: every request ends failed with a
+  reason, so nothing is lost. These runs keep each scenario's workload, timeline and checkers
+  but play at time_scale 40 (twice the library's short versions): a deployment that serves
+  nothing needs no timing fidelity.
+- a decode that skips KV verification (the test-only ServiceSpec switch
+  `unsafe_skip_kv_verify`) fails no_unverified_decode and kv_accounted;
+- a policy that ignores link state and length (`naive`, everything across the link) fails
+  bandwidth-drop's TTFT bound during the drop (prfaas, which moves t with the link, passes it).
+
+The checkers (reroute, recover, latency bounds, failures, generator_count, nothing_lost) are
+also shown failing, and going vacuous, on hand-made records in test_checkers_scenario.py.
 """
 
 from __future__ import annotations
@@ -14,11 +24,46 @@ from pathlib import Path
 
 import pytest
 
+from testbed.config import ScaleConfig
 from testbed.scenario import runner
 from testbed.services.spec import ServiceSpec
-from tests.chaos.harness import chaos_variant, run_variant
+from tests.chaos.harness import LIBRARY, TORCH_SCENARIOS, chaos_variant, run_variant
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
+
+BROKEN_SCALE = ScaleConfig(time_scale=40, byte_scale=2000)
+"""The broken variants' scale: the library's short versions at twice their speed."""
+
+
+def _break_specs(monkeypatch: pytest.MonkeyPatch, **fields: object) -> None:
+    """Start every worker (not the router) with these ServiceSpec fields changed."""
+    original = runner._Run._spec
+
+    def broken_spec(self: runner._Run, role: str, sid: str, cluster: str, hw: str) -> ServiceSpec:
+        spec = original(self, role, sid, cluster, hw)
+        return spec if role == "router" else spec.model_copy(update=fields)
+
+    monkeypatch.setattr(runner._Run, "_spec", broken_spec)
+
+
+@pytest.mark.parametrize("name", [n for n in LIBRARY if n not in TORCH_SCENARIOS])
+async def test_a_deployment_that_cannot_serve_fails_the_scenario_checkers(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # kv_timeout_s: a decode wait the router's cancel did not reach (it can arrive before the
+    # wait starts) ends in 1 s of wall time instead of 120 s, so the run stops promptly.
+    _break_specs(monkeypatch, unsafe_fail_prefill=True, kv_timeout_s=1.0)
+    sc = chaos_variant(name, scale=BROKEN_SCALE)
+    result = await run_variant(sc, tmp_path)
+    shown = [(c.name, c.verdict, c.detail) for c in result.checks]
+    own = result.checks[len(result.checks) - len(sc.checkers) :]  # the scenario's own
+    verdicts = {c.name: c.verdict for c in own}
+    assert verdicts.get("failures") == "failed", shown
+    assert "ok" not in verdicts.values(), shown  # no checker of the scenario passes
+    assert not result.ok
+    req = result.summary["requests"]
+    assert req["failed"] == req["submitted"] > 0, req  # the variant is broken indeed
+    assert {c.name: c.verdict for c in result.checks}["nothing_lost"] == "ok", shown
 
 
 async def test_receiver_skipping_verification_fails_the_kv_checkers(
@@ -32,7 +77,8 @@ async def test_receiver_skipping_verification_fails_the_kv_checkers(
         return spec
 
     monkeypatch.setattr(runner._Run, "_spec", broken_spec)
-    result = await run_variant(chaos_variant("jitter"), tmp_path, duration_s=40)
+    # 50 s: the jitter starts at 40 s, inside the run (it may end past it)
+    result = await run_variant(chaos_variant("jitter"), tmp_path, duration_s=50)
     checks = {c.name: c for c in result.checks}
     assert not checks["no_unverified_decode"].ok, checks["no_unverified_decode"].detail
     assert not checks["kv_accounted"].ok, checks["kv_accounted"].detail

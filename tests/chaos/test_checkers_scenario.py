@@ -96,7 +96,8 @@ def test_reroute_for_a_killed_instance_and_missing_fault() -> None:
     assert check_reroute(healthy, kill, "kill", 10).ok
     stuck = [rec(1, 41), rec(2, 60, prefill_instance="prfaas-prefill-1")]  # only 20 s later
     assert not check_reroute(stuck, kill, "kill", 10).ok
-    assert not check_reroute(healthy, [], "kill", 10).ok  # the fault never happened
+    never = check_reroute(healthy, [], "kill", 10)  # the fault never happened: nothing tested
+    assert never.verdict == "vacuous" and "exercised nothing" in never.detail, never
 
 
 def test_recover_passes_and_fails() -> None:
@@ -109,7 +110,7 @@ def test_recover_passes_and_fails() -> None:
     never = check_recover(slow[:6], PARTITION, "partition", within_s=10, ttft_s=10)
     assert not never.ok and "never back" in never.detail
     unended = check_recover(after, PARTITION[:1], "partition", within_s=10, ttft_s=10)
-    assert not unended.ok and "never ended" in unended.detail
+    assert unended.verdict == "vacuous" and "never ended" in unended.detail
 
 
 def test_latency_failures_and_generator_count() -> None:
@@ -117,7 +118,7 @@ def test_latency_failures_and_generator_count() -> None:
     assert check_latency(records, "ttft", 90, 11.0).ok
     assert not check_latency(records, "ttft", 90, 5.0).ok
     assert check_latency(records, "tpot", 99, 0.03).ok
-    assert not check_latency([], "ttft", 50, 1.0).ok
+    assert check_latency([], "ttft", 50, 1.0).verdict == "vacuous"
     failed = [replace(r, status="failed", failure_reason="x") for r in records[:3]]
     assert check_failures(failed + records[3:], 100, 0.05).ok
     assert not check_failures(failed + records[3:], 100, 0.02).ok
@@ -247,3 +248,91 @@ async def test_player_records_every_phase_and_survives_a_failing_fault() -> None
         ctx, plan_faults(link_sc, [], link_enabled=True), hist2, time.monotonic()
     ).run()
     assert len(hist2) == 1 and "no link emulator" in hist2[0].data["error"]
+
+
+# ---------------------------------------------------------------------------------- vacuous
+
+
+def test_reroute_is_vacuous_when_no_request_arrives_during_the_fault() -> None:
+    # issue #12 item 14: this passed as ok before, though the partition exercised nothing
+    records = [rec(1, 50), rec(2, 105), local(3, 110)]
+    c = check_reroute(records, PARTITION, "partition", within_s=10)
+    assert c.ok and c.vacuous and c.verdict == "vacuous", c
+    assert "no request needing re-routing arrived during it" in c.detail
+    # short requests (below the threshold) during a link fault are not in scope either
+    short = [rec(1, 50), local(2, 70, input_tokens=1_000)]
+    assert check_reroute(short, PARTITION, "partition", within_s=10).verdict == "vacuous"
+
+
+def test_reroute_over_several_faults_is_failed_or_vacuous_if_any_part_is() -> None:
+    two = [*PARTITION, fault(130, "partition", "start", index=1)]
+    two.append(fault(150, "partition", "end", index=1))
+    served_first = [rec(1, 50), local(2, 62)]  # nothing arrives during the second
+    c = check_reroute(served_first, two, "partition", within_s=10)
+    assert c.verdict == "vacuous" and "re-routed after" in c.detail, c
+    stuck_second = [*served_first, rec(3, 131, prefill_start=151.0)]
+    assert check_reroute(stuck_second, two, "partition", within_s=10).verdict == "failed"
+    both = [*served_first, local(3, 131)]
+    assert check_reroute(both, two, "partition", within_s=10).verdict == "ok"
+
+
+def test_recover_is_vacuous_without_enough_requests_after_the_end() -> None:
+    before_only = [rec(1, 50), rec(2, 70)]
+    c = check_recover(before_only, PARTITION, "partition", within_s=10, ttft_s=10)
+    assert c.verdict == "vacuous" and "0 requests arrived after it" in c.detail, c
+    two_after = [rec(1, 101), rec(2, 102)]  # streak 3 cannot be seen in two requests
+    assert check_recover(two_after, PARTITION, "partition", 10, 10).verdict == "vacuous"
+    # but requests enough that never recover are a failure, not vacuous
+    slow = [rec(i, 100 + i, ttft=30.0) for i in range(5)]
+    assert check_recover(slow, PARTITION, "partition", 10, 10).verdict == "failed"
+    assert check_recover(slow, [], "partition", 10, 10).verdict == "vacuous"
+
+
+def test_latency_is_vacuous_with_nothing_to_take_a_percentile_of() -> None:
+    all_failed = [rec(i, float(i), status="failed", failure_reason="x") for i in range(10)]
+    c = check_latency(all_failed, "ttft", 90, 5.0)
+    assert c.verdict == "vacuous" and "10 requests, 10 failed" in c.detail, c
+    ok = [rec(i, float(i)) for i in range(100)]
+    never = check_latency(ok, "ttft", 90, 5.0, history=[], during="partition")
+    assert never.verdict == "vacuous" and "no 'partition' fault was applied" in never.detail
+    errored = [
+        HistoryEvent(
+            60, "fault", {"action": "partition", "phase": "start", "index": 0, "error": "boom"}
+        )
+    ]
+    c = check_latency(ok, "ttft", 90, 5.0, history=errored, during="partition")
+    assert c.verdict == "vacuous" and "failed to apply (boom)" in c.detail, c
+    quiet_before = [r for r in ok if r.arrival >= 60]  # no pre-fault value for max_ratio
+    c = check_latency(
+        quiet_before, "ttft", 90, 0, history=PARTITION, during="partition", max_ratio=2
+    )
+    assert c.verdict == "vacuous" and "no pre-fault value" in c.detail, c
+    assert check_latency(ok, "ttft", 90, 5.0, history=PARTITION, during="partition").ok
+    assert check_failures([], 0, 0.0).verdict == "vacuous"
+
+
+def test_every_library_scenario_fails_its_checkers_when_every_request_fails() -> None:
+    # issue #12 item 13: burst and paper had no checker, so a run in which every request
+    # failed passed them. Each scenario's own checkers (not the built-ins, which hold when
+    # every request fails with a reason) must catch it, starting with a `failures` bound.
+    from testbed.config import load_scenario
+    from tests.chaos.harness import LIBRARY, SCENARIOS
+
+    for name in LIBRARY:
+        sc = load_scenario(SCENARIOS / f"{name}.yaml")
+        assert any(c.check == "failures" for c in sc.checkers), f"{name}: no failures bound"
+        history = [HistoryEvent(0.0, "plan", {"lambda_max_rps": 2.0})]
+        for i, ev in enumerate(sc.nemesis):
+            history.append(fault(ev.at, ev.action, "start", index=i))
+            if ev.end is not None:
+                history.append(fault(ev.end, ev.action, "end", index=i))
+        failed = [
+            rec(i, sc.duration * i / 200, status="failed", failure_reason="x", tokens_out=0)
+            for i in range(200)
+        ]
+        ids = [r.id for r in failed]
+        results = run_checkers(failed, ids, history=history, configs=sc.checkers)
+        own = results[-len(sc.checkers) :]
+        verdicts = {c.name: c.verdict for c in own}
+        assert verdicts["failures"] == "failed", (name, verdicts)
+        assert "ok" not in verdicts.values(), (name, [(c.name, c.detail) for c in own])
