@@ -27,6 +27,11 @@ SERVICE_LIMITS = dataclasses.replace(DEFAULT_LIMITS, handler_cancellation=True)
 cancels its handler and the work for a departed client (a queued prefill, a decode slot) stops
 instead of running on (testbed.services.prefill_queue.run_job)."""
 
+SHUTDOWN_S = 1.0
+"""Seconds a stopping service lets open requests finish before cancelling them. The runner
+stops services only once it has what it needs from them (or is giving up), so a long wait only
+delays the run's end and, past the runner's grace, turns a clean exit into a SIGKILL."""
+
 AppFactory = Callable[[ServiceSpec], Awaitable[tuple[web.Application, dict[str, int]]]]
 
 
@@ -36,7 +41,13 @@ async def serve(
     app, extra_ports = await factory(spec)
     # testbed.serving: connection cap and request read deadlines (slow or stuck clients)
     http = await start_http(
-        app, host=spec.host, port=spec.port, limits=limits, backlog=1024, name=spec.role
+        app,
+        host=spec.host,
+        port=spec.port,
+        limits=limits,
+        backlog=1024,
+        name=spec.role,
+        shutdown_timeout=SHUTDOWN_S,
     )
     port = http.port
     print("READY " + json.dumps({"http": port, **extra_ports}), flush=True)

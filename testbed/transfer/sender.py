@@ -745,6 +745,11 @@ class KVSender:
                     req.request_id, req.error.reason if req.error else "", stamp, algo
                 )
             head, body = encode_frame(frame)
+            if writer.transport.is_closing():  # the receiver went away while we waited
+                if chunk.kind is _Kind.DATA:
+                    self._queued += chunk.size
+                self._queue.put_front([chunk])  # resent on another connection, as any lost one
+                raise _ConnectionLost("closed by the receiver")
             if chunk.kind is not _Kind.ABORT:
                 if not conn.outstanding:
                     conn.last_progress = time.monotonic()
