@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from testbed.clock import LiveClock
 from testbed.config import load_scenario
 from testbed.errors import UserError
 from testbed.metrics.summary import to_text
@@ -43,15 +44,16 @@ def _run(args: argparse.Namespace) -> int:
         progress=not args.quiet,
     )
     rp = prepare_run(scenario, opts)
-    k = scenario.scale.time_scale
-    wall = rp.duration_s / k
+    clock = LiveClock.paced(scenario.scale)
+    wall = clock.wall(rp.duration_s)
     rate = f"{rp.rate_rps:.2f} req/s" if rp.rate_rps else "trace timing"
     threshold = f", t={rp.threshold_tokens:.0f} tokens" if rp.threshold_tokens else ""
     print(
         f"testbed: {scenario.name}: {rp.policy} on {rp.deployment_name} "
         f"({(rp.deployment.prfaas.instances if rp.deployment.prfaas else 0)} PrfaaS + "
         f"{rp.n_prefill} PD-P + {rp.n_decode} PD-D){threshold}; {len(rp.requests)} requests at "
-        f"{rate} over {rp.duration_s:.0f}s real-world (~{wall:.0f}s wall at time_scale {k:g}, "
+        f"{rate} over {rp.duration_s:.0f}s real-world (~{wall:.0f}s wall at time_scale "
+        f"{clock.time_scale:g}, "
         f"byte_scale {scenario.scale.byte_scale:g})",
         file=sys.stderr,
     )

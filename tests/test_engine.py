@@ -3,6 +3,7 @@
 import asyncio
 import time
 
+from testbed.clock import LiveClock
 from testbed.engine.emulated import DecodeBatcher, DecodeSlot, PrefillEngine, wire_layer_bytes
 from testbed.profiles import MODELS
 
@@ -10,7 +11,7 @@ MODEL = MODELS["internal-1t-hybrid"]
 
 
 async def test_prefill_emits_every_layer_in_order_over_the_modelled_time() -> None:
-    engine = PrefillEngine(MODEL, "h200x8", time_scale=20.0, byte_scale=1000.0)
+    engine = PrefillEngine(MODEL, "h200x8", LiveClock(time_scale=20.0), byte_scale=1000.0)
     seen: list[tuple[int, int, float]] = []
 
     async def sink(layer: int, nbytes: int) -> None:
@@ -34,7 +35,7 @@ def test_wire_bytes_are_scaled_kv_size() -> None:
 
 async def test_decode_batch_never_exceeds_bs_max_and_every_token_is_emitted() -> None:
     batcher = DecodeBatcher(
-        lambda b: 0.010 + 0.001 * b, bs_max=3, time_scale=10.0, flush_interval=0.01
+        lambda b: 0.010 + 0.001 * b, bs_max=3, clock=LiveClock(time_scale=10.0), flush_interval=0.01
     )
     task = asyncio.create_task(batcher.run())
     got: dict[str, int] = {}

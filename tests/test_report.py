@@ -4,6 +4,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from testbed.clock import Scale
 from testbed.config import SloConfig
 from testbed.metrics.records import HistoryEvent, RequestRecord, Route
 from testbed.metrics.report import write_report
@@ -86,8 +87,7 @@ def test_report_contains_the_key_numbers(tmp_path: Path) -> None:
         history,
         duration_s=120.0,
         slo=SLO,
-        time_scale=8.0,
-        byte_scale=1000.0,
+        scale=Scale(8.0, 1000.0),
         extra={"deployment": "prfaas-pd (4/3/5)", "policy": "prfaas-static"},
     )
     checks = run_checkers(records, [r.id for r in records])
@@ -115,7 +115,7 @@ def test_report_contains_the_key_numbers(tmp_path: Path) -> None:
 def test_report_marks_failed_checks_and_embeds_an_existing_timeline(tmp_path: Path) -> None:
     records, history = run_data(n=40)
     records[0].failure_reason, records[0].status = None, "failed"
-    summary = summarize(records, history, duration_s=120.0, slo=SLO, time_scale=1, byte_scale=1)
+    summary = summarize(records, history, duration_s=120.0, slo=SLO, scale=Scale(1, 1))
     checks = run_checkers(records, [r.id for r in records])
     write_timeline(tmp_path / "timeline.png", records, history, title="t")
     text = write_report(tmp_path, "broken", summary, checks, []).read_text()

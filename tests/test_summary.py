@@ -2,6 +2,7 @@ from typing import Any
 
 import pytest
 
+from testbed.clock import Scale
 from testbed.config import SloConfig
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.metrics.summary import link_stats, queue_depth_series, stats, summarize, to_text
@@ -47,7 +48,7 @@ def records() -> list[RequestRecord]:
 
 
 def summary(**kw: Any) -> dict[str, Any]:
-    args: dict[str, Any] = {"duration_s": 10.0, "slo": SLO, "time_scale": 4.0, "byte_scale": 1000.0}
+    args: dict[str, Any] = {"duration_s": 10.0, "slo": SLO, "scale": Scale(4.0, 1000.0)}
     return summarize(records(), [], **{**args, **kw})
 
 
@@ -87,10 +88,10 @@ def test_by_route_breakdown_and_kv_bytes_in_real_units() -> None:
 
 def test_goodput_without_data_and_tpot_of_single_token_requests() -> None:
     one_token = [rec(1, 1.0, tokens=1)]
-    s = summarize(one_token, [], duration_s=2.0, slo=SLO, time_scale=1, byte_scale=1)
+    s = summarize(one_token, [], duration_s=2.0, slo=SLO, scale=Scale(1, 1))
     assert s["goodput_rps"] == pytest.approx(0.5)  # no TPOT to violate
     assert s["tpot_s"]["mean"] is None
-    empty = summarize([], [], duration_s=2.0, slo=SLO, time_scale=1, byte_scale=1)
+    empty = summarize([], [], duration_s=2.0, slo=SLO, scale=Scale(1, 1))
     assert empty["ttft_s"]["p99"] is None and empty["slo_attainment"] is None
 
 
@@ -163,8 +164,7 @@ def test_history_sections() -> None:
         history,
         duration_s=10,
         slo=SLO,
-        time_scale=1,
-        byte_scale=10,
+        scale=Scale(1, 10),
         extra={"deployment": "prfaas-pd", "policy": "prfaas-static"},
     )
     assert s["queues"]["prfaas/prefill"] == {"peak_depth": 5, "mean_depth": pytest.approx(10 / 3)}

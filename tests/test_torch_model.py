@@ -16,6 +16,7 @@ except ImportError as exc:  # fail, do not skip: CI installs the model extra for
         "tests/test_torch_*.py need torch: pip install -e '.[dev,model]' (or `make test`)"
     ) from exc
 
+from testbed.clock import LiveClock
 from testbed.engine.torch import (
     CpuPacer,
     KVFormatError,
@@ -200,13 +201,13 @@ def test_codec_refuses_kv_that_does_not_fit(model: TinyHybridLM) -> None:
 async def test_engines_pad_to_the_profile_and_record_late_steps(model: TinyHybridLM) -> None:
     budget = ProfileBudget(MODELS["internal-1t-hybrid"], "h200x8", "h20x8", model.config.n_layers)
     # time_scale 1e6: every budget is microseconds, so the CPU is always late
-    fast = CpuPacer(1e6)
+    fast = CpuPacer(LiveClock(time_scale=1e6))
     pre = TorchPrefillEngine(model, pacer=fast, budget=budget)
     res = await pre.run(_prompt(30, 23))
     st = fast.kinds["prefill_layer"]
     assert st.steps == model.config.n_layers and st.late_steps == st.steps and st.late_s > 0
     # time_scale 2: a prefill layer is ~25 ms of wall time, far above the compute
-    slow = CpuPacer(2.0)
+    slow = CpuPacer(LiveClock(time_scale=2.0))
     pre = TorchPrefillEngine(model, pacer=slow, budget=budget)
     t0 = time.monotonic()
     await pre.run(_prompt(30, 23))

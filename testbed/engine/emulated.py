@@ -1,9 +1,9 @@
 """The emulated engine: profile-timed prefill that emits real (scaled) KV bytes layer by layer,
 and profile-timed continuous-batching decode.
 
-Durations come from the model profile divided by time_scale; KV sizes from S_kv split per layer
-divided by byte_scale. Nothing is computed, but every byte the engine says it produced is put on
-a real socket by the caller, and every step waits on the real clock.
+Durations come from the model profile, waited on the run's clock (testbed.clock); KV sizes from
+S_kv split per layer divided by byte_scale. Nothing is computed, but every byte the engine says
+it produced is put on a real socket by the caller, and every step waits on the real clock.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from testbed.clock import Clock
 from testbed.engine.timing import TimingMeter, sleep_until
 from testbed.profiles import ModelProfile
 
@@ -35,20 +36,20 @@ LayerSink = Callable[[int, int], Awaitable[None]]
 
 @dataclass
 class PrefillEngine:
-    """Prefill on one instance: T_prefill(hardware, l) / time_scale, layers complete in order."""
+    """Prefill on one instance: T_prefill(hardware, l) on the run's clock, layers in order."""
 
     model: ModelProfile
     hardware: str
-    time_scale: float
+    clock: Clock
     byte_scale: float
     timing: TimingMeter = field(init=False)
 
     def __post_init__(self) -> None:
-        self.timing = TimingMeter(self.time_scale)
+        self.timing = TimingMeter(self.clock)
 
     def duration(self, uncached_tokens: float) -> float:
         """Wall-clock seconds of one prefill."""
-        return self.model.prefill_time(self.hardware, uncached_tokens) / self.time_scale
+        return self.clock.wall(self.model.prefill_time(self.hardware, uncached_tokens))
 
     async def run(self, uncached_tokens: float, on_layer: LayerSink) -> None:
         """Prefill; each layer completes after an equal share of the prefill time."""
@@ -83,7 +84,7 @@ class DecodeSlot:
 
 
 class DecodeBatcher:
-    """Continuous batching up to BS_max with step time T_decode(batch) / time_scale.
+    """Continuous batching up to BS_max with step time T_decode(batch) on the run's clock.
 
     Event-driven rather than one wake-up per step: between changes of the batch (an admission or
     a completion) every step has the same duration, so the loop sleeps straight to the next
@@ -95,16 +96,16 @@ class DecodeBatcher:
         self,
         step_time: Callable[[int], float],
         bs_max: int,
-        time_scale: float,
+        clock: Clock,
         flush_interval: float = 0.05,
     ) -> None:
         self._step_time = step_time
         self.bs_max = bs_max
-        self.time_scale = time_scale
+        self.clock = clock
         self.flush_interval = flush_interval
         self.waiting: list[DecodeSlot] = []
         self.active: list[DecodeSlot] = []
-        self.timing = TimingMeter(time_scale)
+        self.timing = TimingMeter(clock)
         self._wake = asyncio.Event()
         self.steps = 0
 
@@ -133,7 +134,7 @@ class DecodeBatcher:
                 clock = time.monotonic()
                 continue
             batch = len(self.active)
-            step = self._step_time(batch) / self.time_scale
+            step = self.clock.wall(self._step_time(batch))
             remaining = min(s.output_tokens - s.generated for s in self.active)
             n = max(1, min(remaining, math.ceil(self.flush_interval / step)))
             if (self.waiting and len(self.active) < self.bs_max) or any(

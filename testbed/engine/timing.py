@@ -1,12 +1,12 @@
 """Sleeping to absolute deadlines, and measuring how honest the emulated timing was.
 
-Emulated engines promise that work modelled to take T seconds (real) takes T / time_scale on the
-wall clock. asyncio wakes up late under load, so two things are measured:
+Emulated engines promise that work modelled to take T seconds (real) takes the clock's wall
+equivalent of T (testbed.clock). asyncio wakes up late under load, so two things are measured:
 - lateness of every wake-up against its deadline (what a single step can be off by);
 - timing error of every operation (a prefill, a request's decode phase): |actual - modelled| /
   modelled. Deadlines are absolute, so wake-up lateness does not accumulate into drift, and the
   operation error is what a request's latency actually carries.
-Both are reported in real-world units (wall x time_scale) like everything else.
+Both are reported in real-world units (converted by the run's clock) like everything else.
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from testbed.clock import Clock, LiveClock
+
 __all__ = ["TimingMeter", "sleep_until"]
 
 
 @dataclass
 class TimingMeter:
-    time_scale: float = 1.0
+    clock: Clock = field(default_factory=LiveClock)
     lateness: list[float] = field(default_factory=list)
     """Wall seconds each wake-up came after its deadline (capped sample count)."""
     modelled: float = 0.0
@@ -41,12 +43,12 @@ class TimingMeter:
     def stats(self) -> dict[str, float | int]:
         s = sorted(self.lateness)
         n = len(s)
-        k = self.time_scale
+        real = self.clock.real
         return {
             "steps": n,
             "operations": self.operations,
-            "lateness_mean_s": (sum(s) / n) * k if n else 0.0,
-            "lateness_p99_s": s[min(n - 1, int(0.99 * n))] * k if n else 0.0,
+            "lateness_mean_s": real(sum(s) / n) if n else 0.0,
+            "lateness_p99_s": real(s[min(n - 1, int(0.99 * n))]) if n else 0.0,
             "timing_error": (self.error / self.modelled) if self.modelled > 0 else 0.0,
         }
 

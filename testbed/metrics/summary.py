@@ -2,7 +2,7 @@
 
 Everything a report, a comparison or a CI assertion needs is computed here from the two inputs
 every run leaves behind: the request records and the history. Records and history times are
-already real-world seconds (the runner multiplies emulated time by time_scale); byte fields named
+already real-world seconds (the run's clock converts emulated time); byte fields named
 `wire` are emulated and become real-world bytes here by multiplying by byte_scale. The scale is
 written into the summary so a reader always knows how the numbers were produced.
 
@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from testbed.clock import Scale
 from testbed.config import SloConfig
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.units import format_size
@@ -235,8 +236,7 @@ def summarize(
     *,
     duration_s: float,
     slo: SloConfig,
-    time_scale: float,
-    byte_scale: float,
+    scale: Scale,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The summary of one run (see the module docstring for definitions).
@@ -247,6 +247,7 @@ def summarize(
     """
     if duration_s <= 0:
         raise ValueError(f"duration_s must be positive, got {duration_s!r}")
+    byte_scale = scale.byte_scale
     done = [r for r in records if r.status == "completed"]
     failed = [r for r in records if r.status != "completed"]
     good = [r for r in done if meets_slo(r, slo)]
@@ -257,7 +258,7 @@ def summarize(
     ]
     summary: dict[str, Any] = {
         "duration_s": duration_s,
-        "scale": {"time": time_scale, "bytes": byte_scale},
+        "scale": scale.to_json(),
         "slo": {"ttft_s": slo.ttft, "tpot_s": slo.tpot, "tpot_tolerance": TPOT_TOLERANCE},
         "requests": {"submitted": len(records), "completed": len(done), "failed": len(failed)},
         "failures": dict(sorted(Counter(r.failure_reason or "unknown" for r in failed).items())),

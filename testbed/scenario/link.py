@@ -4,7 +4,8 @@
 decode instance a proxy that cross-datacenter senders use, and shapes them as one link: a
 `link_bandwidth` cap shared by all of them (one pipe between the datacenters, not one per
 decode instance), and a `latency` toxic of RTT/2 with jitter in each direction. Everything is
-converted to emulated units: bandwidth x time_scale / byte_scale, durations / time_scale.
+converted to emulated units by the run's scales (testbed.clock: `Scale` for rates, the clock
+for durations).
 
 Deployments without a second datacenter get no emulator: the routes are the receivers' own
 addresses and there is nothing to sample.
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testbed.clock import LiveClock, Scale
 from testbed.config import LinkConfig, ScaleConfig
 from testbed.errors import UserError
 from testbed.lifeline import child_env
@@ -55,10 +57,10 @@ class LinkSetup:
         return self.client is not None
 
     def to_wire(self, real_bytes_per_s: float) -> float:
-        return real_bytes_per_s * self.scale.time_scale / self.scale.byte_scale
+        return Scale.of(self.scale).wire_rate(real_bytes_per_s)
 
     def to_real(self, wire_bytes_per_s: float) -> float:
-        return wire_bytes_per_s * self.scale.byte_scale / self.scale.time_scale
+        return Scale.of(self.scale).real_rate(wire_bytes_per_s)
 
     async def set_bandwidth(self, real_bytes_per_s: float) -> None:
         """Change the shared cap of every cross-datacenter proxy (real-world bytes/s)."""
@@ -155,9 +157,9 @@ async def add_link_proxies(
     """One proxy per decode instance, shaped as one link: a `link_bandwidth` cap shared by the
     group and RTT/2 (+ jitter) of latency each way, in emulated units. Fills `setup.routes`."""
     assert setup.client is not None
-    scale = setup.scale
-    one_way_ms = link.rtt / 2 / scale.time_scale * 1e3
-    jitter_ms = link.jitter / scale.time_scale * 1e3
+    clock = LiveClock.paced(setup.scale)
+    one_way_ms = clock.wall(link.rtt / 2) * 1e3
+    jitter_ms = clock.wall(link.jitter) * 1e3
     for decode_id, (host, port) in upstreams.items():
         name = f"xdc-{decode_id}"
         info = await setup.client.create_proxy(

@@ -5,7 +5,7 @@ real-world start `at` and an optional duration `for`. Before anything runs, `pla
 them into a fixed timeline: times in real-world seconds and the exact instances each process
 fault hits (a group target such as `local-decode` picks `count` instances with a generator
 seeded from the scenario seed and the fault's index), so the same seed always gives the same
-faults. `NemesisPlayer` then plays that timeline on the wall clock (real time / time_scale)
+faults. `NemesisPlayer` then plays that timeline on the run's clock (testbed.clock)
 alongside the load, and records a history event of kind "fault" for every phase of every fault:
 `{"action", "phase": "start" | "end", "target", "index", "at"}` plus what the action changed
 (and `error` if the substrate or the link refused, which never stops the run).
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from testbed.clock import Clock
 from testbed.config import NEMESIS_TARGET_GROUPS, NemesisEvent, Scenario
 from testbed.errors import ConfigError, UserError
 from testbed.metrics.records import HistoryEvent
@@ -206,7 +206,11 @@ class NemesisContext(Protocol):
     substrate: Substrate
     services: dict[str, ServiceHandle]
     link: LinkSetup | None
-    k: float
+
+    @property
+    def clock(self) -> Clock:
+        """The run's clock (faults convert real-world durations to the emulator's wall ones)."""
+        ...
 
 
 class Fault(ABC):
@@ -228,7 +232,7 @@ class Fault(ABC):
         return {}
 
     def _wall_ms(self, ctx: NemesisContext, real_s: float) -> float:
-        return real_s / ctx.k * 1e3
+        return ctx.clock.wall(real_s) * 1e3
 
 
 def _link(ctx: NemesisContext) -> LinkSetup:
@@ -413,7 +417,7 @@ FAULTS: dict[str, type[Fault]] = {
 class NemesisPlayer:
     """Plays a planned timeline against a live run and records every phase in `history`.
 
-    `load_start` is the wall instant (time.monotonic) of real-world time 0. Run it as a task
+    `clock` reads 0 at the start of the load (the timeline's origin). Run it as a task
     next to the load and cancel it when the load is done: phases not reached are not played
     (the substrate stops everything anyway, resuming paused processes first).
     """
@@ -423,18 +427,15 @@ class NemesisPlayer:
         ctx: NemesisContext,
         faults: Sequence[PlannedFault],
         history: list[HistoryEvent],
-        load_start: float,
+        clock: Clock,
     ) -> None:
         self.ctx = ctx
         self.history = history
-        self.load_start = load_start
+        self.clock = clock
         self.faults = [FAULTS[pf.action](pf) for pf in faults][: _MAX_STEPS // 2]
         self.locks: dict[str, asyncio.Lock] = {}
         """One per target: steps on the same instance (or the link) never overlap, so a restart
         still in progress is not raced by the next fault on that instance."""
-
-    def _now(self) -> float:
-        return (time.monotonic() - self.load_start) * self.ctx.k
 
     async def run(self) -> None:
         """Every fault on its own task, so a slow restart never delays another fault."""
@@ -442,17 +443,12 @@ class NemesisPlayer:
             for fault in self.faults:
                 tg.create_task(self._play(fault))
 
-    async def _sleep_until(self, real_s: float) -> None:
-        delay = self.load_start + real_s / self.ctx.k - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-
     async def _play(self, fault: Fault) -> None:
         pf = fault.planned
-        await self._sleep_until(pf.start)
+        await self.clock.sleep_until(pf.start)
         ok = await self._step(fault, "start", pf.start)
         if pf.end is not None and ok:
-            await self._sleep_until(pf.end)
+            await self.clock.sleep_until(pf.end)
             await self._step(fault, "end", pf.end)
 
     async def _step(self, fault: Fault, phase: str, at: float) -> bool:
@@ -466,14 +462,14 @@ class NemesisPlayer:
         async with contextlib.AsyncExitStack() as stack:
             for target in sorted(fault.planned.targets):  # sorted: no lock-order deadlock
                 await stack.enter_async_context(self.locks.setdefault(target, asyncio.Lock()))
-            t = self._now()
+            t = self.clock.now()
             try:
                 async with asyncio.timeout(60):
                     step = fault.start if phase == "start" else fault.end
                     data |= await step(self.ctx)
             except Exception as exc:  # a fault that cannot be applied is recorded, not fatal
                 data["error"] = f"{type(exc).__name__}: {exc}"
-        data["took_s"] = self._now() - t
+        data["took_s"] = self.clock.now() - t
         self.history.append(HistoryEvent(t, "fault", data))
         return "error" not in data
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from testbed.clock import Scale
 from testbed.metrics.files import atomic_write
 from testbed.metrics.records import HistoryEvent, RequestRecord, write_jsonl
 from testbed.metrics.report import write_report
@@ -61,8 +62,7 @@ def write_results(
         history,
         duration_s=rp.duration_s,
         slo=sc.slo,
-        time_scale=sc.scale.time_scale,
-        byte_scale=sc.scale.byte_scale,
+        scale=Scale.of(sc.scale),
         extra=extra,
     )
     checks = run_checkers(

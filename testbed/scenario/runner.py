@@ -17,7 +17,6 @@ import contextlib
 import dataclasses
 import json
 import signal
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 import aiohttp
 
+from testbed.clock import LiveClock
 from testbed.config import DeploymentConfig, Scenario
 from testbed.engine.torch import live
 from testbed.errors import UserError
@@ -268,9 +268,10 @@ class _Run:
         self.rp = rp
         self.opts = opts
         self.scale = rp.scenario.scale
-        self.k = self.scale.time_scale
-        self.t0 = time.monotonic()
-        self.load_start = self.t0
+        self.service_clock = LiveClock.paced(self.scale)
+        """The services' clock: real-world 0 when the run started (their `t0`)."""
+        self.clock = self.service_clock
+        """The run's clock: real-world 0 when the load starts (records, faults, history)."""
         self.substrate: Substrate = make_substrate(opts.substrate, opts.out_dir / "logs")
         self.services: dict[str, ServiceHandle] = {}
         self.router: ServiceHandle | None = None
@@ -300,8 +301,10 @@ class _Run:
         if self.record_journal is not None:
             self.record_journal.append(rec.to_json())
 
-    def real_now(self) -> float:
-        return (time.monotonic() - self.load_start) * self.k
+    @property
+    def load_offset(self) -> float:
+        """Real-world seconds from the services' 0 to the load's (records come back on theirs)."""
+        return self.service_clock.at(self.clock.epoch)
 
     def _spec(self, role: str, sid: str, cluster: str, hardware: str) -> ServiceSpec:
         dep = self.rp.deployment
@@ -311,9 +314,9 @@ class _Run:
             cluster=cluster,
             hardware=hardware,
             model=dep.model,
-            time_scale=self.k,
+            time_scale=self.scale.time_scale,
             byte_scale=self.scale.byte_scale,
-            t0=self.t0,
+            t0=self.service_clock.epoch,
             connections=dep.link.connections,
             tpot_slo_s=self.rp.scenario.slo.tpot,
             engine=dep.engine,
@@ -426,8 +429,7 @@ class _Run:
 
     async def _one(self, session: aiohttp.ClientSession, req: RequestSpec) -> None:
         assert self.router is not None
-        deadline = self.load_start + req.arrival / self.k
-        delay = deadline - time.monotonic()
+        delay = self.clock.wall_until(req.arrival)
         if delay > 0:
             try:
                 await asyncio.wait_for(self.stop.wait(), delay)
@@ -444,7 +446,7 @@ class _Run:
         }
         if req.hash_ids:  # prompt blocks, for the router's prefix cache (kvcache.manager)
             body["hash_ids"] = list(req.hash_ids)
-        offset = (self.load_start - self.t0) * self.k
+        offset = self.load_offset
         try:
             async with session.post(f"{self.router.url}/generate", json=body) as resp:
                 if resp.status != 200:
@@ -485,7 +487,7 @@ class _Run:
         assert self.router is not None
         last_policy: tuple[object, object] = (self.rp.threshold_tokens, False)
         while True:
-            t = self.real_now()
+            t = self.clock.now()
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 async with asyncio.timeout(2):
                     async with session.get(f"{self.router.url}/stats") as resp:
@@ -525,8 +527,8 @@ class _Run:
 
     async def drive(self, on_progress: Callable[[int, int], None]) -> None:
         reqs = self.rp.requests
-        self.load_start = time.monotonic()
-        last_arrival_wall = self.load_start + reqs[-1].arrival / self.k
+        self.clock = self.service_clock.rebased()  # real-world 0: the first arrival's origin
+        last_arrival = reqs[-1].arrival
         if self.rp.threshold_tokens is not None:
             self.history.append(
                 HistoryEvent(0.0, "policy", {"threshold_tokens": self.rp.threshold_tokens})
@@ -553,16 +555,16 @@ class _Run:
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             sampler = asyncio.create_task(self._sample(session))
             nemesis = asyncio.create_task(
-                NemesisPlayer(self, self.rp.faults, self.history, self.load_start).run()
+                NemesisPlayer(self, self.rp.faults, self.history, self.clock).run()
             )
             tasks = [asyncio.create_task(self._one(session, r)) for r in reqs]
             pending = set(tasks)
             try:
                 while pending:
-                    now = time.monotonic()
                     if self.stop.is_set():
                         break
-                    if now > last_arrival_wall + self.opts.drain_timeout_s:
+                    # drain_timeout_s is wall seconds after the last arrival was due
+                    if -self.clock.wall_until(last_arrival) > self.opts.drain_timeout_s:
                         self.notes.append(
                             f"{len(pending)} requests unfinished after the "
                             f"{self.opts.drain_timeout_s:.0f}s drain timeout"
@@ -587,7 +589,7 @@ class _Run:
         """Copy the router's scheduler decisions (GET /scheduler) into the history."""
         if self.router is None or self.rp.policy not in RE_PLANNING_POLICIES:
             return
-        offset = (self.load_start - self.t0) * self.k
+        offset = self.load_offset
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
             async with asyncio.timeout(5):
                 async with session.get(f"{self.router.url}/scheduler") as resp:
@@ -598,7 +600,7 @@ class _Run:
         self.history.sort(key=lambda e: e.t)
 
     async def _engine_stats(self, session: aiohttp.ClientSession) -> None:
-        t = self.real_now()
+        t = self.clock.now()
         for svc in self.services.values():
             if svc.spec.role == "router":
                 continue

@@ -27,13 +27,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
 
+from testbed.clock import Clock
 from testbed.engine.emulated import wire_layer_bytes
 from testbed.profiles import MODELS
 from testbed.services.kv_expect import EXPECTING, REGISTER_TIMEOUT_S, expect_kv, label_field
@@ -197,7 +197,7 @@ async def pull_prefix(
     tokens: int,
     model: str,
     byte_scale: float,
-    time_scale: float,
+    clock: Clock,
     timeout_s: float,
     label: str | None = None,
     kv_targets: list[tuple[str, int]] | None = None,
@@ -213,10 +213,10 @@ async def pull_prefix(
         return PullResult(False, 0, 0.0, f"failed: {target.id} has no link address")
     expected = sum(wire_layer_bytes(MODELS[model], tokens, byte_scale))
     wire_id = new_wire_id()
-    start = time.monotonic()
+    start = clock.now()
 
     def seconds() -> float:
-        return (time.monotonic() - start) * time_scale
+        return clock.now() - start
 
     registered = asyncio.Event()
     body: dict[str, Any] = {"id": wire_id, "expected_wire_bytes": expected}

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -96,7 +95,7 @@ class ControlLoops:
     def lengths(self) -> LengthDistribution:
         if len(self.observed) < self.min_samples:
             return self.configured
-        cutoff = self.state.clock.real() - self.window
+        cutoff = self.state.clock.now() - self.window
         recent = [n for t, n in self.observed if t >= cutoff]
         if len(recent) < self.min_samples:  # a quiet spell: the latest arrivals still tell
             recent = [n for _, n in list(self.observed)[-self.min_samples :]]
@@ -115,7 +114,7 @@ class ControlLoops:
         re-planned for a narrow link only once it has been narrow that long (a drop the
         short-term loop can ride out never converts an instance)."""
         assert self.long is not None
-        since = self.state.clock.real() - self.long.sustain * self.long.interval
+        since = self.state.clock.now() - self.long.sustain * self.long.interval
         recent = [b for t, b in self.estimates if t >= since]
         if not recent or self.estimates[0][0] > since:  # not watched that long yet: nominal
             return max([self.dep.link.bandwidth, *recent])
@@ -127,14 +126,14 @@ class ControlLoops:
         )
 
     def event(self, kind: str, **data: Any) -> None:
-        self.state.events.append({"t": self.state.clock.real(), "kind": kind, **data})
+        self.state.events.append({"t": self.state.clock.now(), "kind": kind, **data})
 
     # ------------------------------------------------------------------ short-term loop
 
     async def run_short_term(self) -> None:
         """Estimate the link from the PrfaaS senders; re-plan t when the estimate moves, and
         every `window` anyway (the observed lengths move too)."""
-        state, k, s = self.state, self.state.spec.time_scale, self.state.spec.byte_scale
+        state = self.state
         st = self.short
 
         def plan_t(bandwidth: float) -> StagePlan:
@@ -154,19 +153,21 @@ class ControlLoops:
         state.bandwidth_estimate = self.estimator.estimate
         self.event("threshold", threshold_tokens=ctl.threshold, scarce=ctl.scarce, why="start")
         senders = [i for i in state.instances.values() if i.cluster == "prfaas"]
-        last_refresh = state.clock.real()
+        last_refresh = state.clock.now()
         recorded = state.threshold
         while True:
-            await asyncio.sleep(self.short.interval / k)
+            await state.clock.sleep(self.short.interval)
             stats = await asyncio.gather(*(state.fetch_stats(i) for i in senders))
             live = [x for x in stats if x is not None]
             if not live:
                 continue
             sample = LinkSample(
-                t=state.clock.real(),
-                bytes_acked=sum(x["bytes_acked"] for x in live) * s,
+                t=state.clock.now(),
+                bytes_acked=state.scale.real_bytes(sum(x["bytes_acked"] for x in live)),
                 # bytes waiting for the sender's window are as much a queue as bytes in flight
-                inflight_bytes=sum(x["in_flight_bytes"] + x["queued_bytes"] for x in live) * s,
+                inflight_bytes=state.scale.real_bytes(
+                    sum(x["in_flight_bytes"] + x["queued_bytes"] for x in live)
+                ),
             )
             state.bandwidth_estimate = self.estimator.update(sample)
             self.estimates.append((sample.t, state.bandwidth_estimate))
@@ -252,11 +253,10 @@ class ControlLoops:
         convert instances when it says so (drain, switch role, re-plan t)."""
         assert self.long is not None
         lt, state = self.long, self.state
-        k = state.spec.time_scale
         controller: LongTermController | None = None
         last_reason = ""
         while True:
-            await asyncio.sleep(lt.interval / k)
+            await state.clock.sleep(lt.interval)
             if self.converting:
                 continue
             inputs, bandwidth = self.inputs(), self.sustained_bandwidth()
@@ -326,7 +326,7 @@ class ControlLoops:
             )
             if self.ctl is not None:  # then re-optimise t for the new split
                 decision = await asyncio.to_thread(
-                    self.ctl.replan, state.clock.real(), self.bandwidth()
+                    self.ctl.replan, state.clock.now(), self.bandwidth()
                 )
                 self.apply(decision.threshold_tokens, decision.scarce)
                 self.event(
@@ -345,18 +345,18 @@ class ControlLoops:
         zero), then switch its role. On a drain timeout or a refused switch it goes back into
         rotation in its old role."""
         assert self.long is not None
-        state, k = self.state, self.state.spec.time_scale
+        state = self.state
         state.draining.add(inst.id)
-        started = state.clock.real()
+        started = state.clock.now()
         self.event("drain", instance=inst.id, role=inst.role)
         try:
-            deadline = time.monotonic() + self.long.drain_timeout / k
+            deadline = started + self.long.drain_timeout
             while state.outstanding[inst.id] > 0:  # bounded by drain_timeout
-                if time.monotonic() > deadline:
+                if state.clock.now() > deadline:
                     self.event("switch_failed", instance=inst.id, reason="drain timed out")
                     return False
                 await asyncio.sleep(0.05)
-            drained = state.clock.real()
+            drained = state.clock.now()
             base = inst.url.removesuffix(PREFILL_PREFIX).removesuffix(DECODE_PREFIX)
             doc = await self._post_role(base, role)
             if doc is None:
@@ -368,7 +368,7 @@ class ControlLoops:
                 instance=inst.id,
                 role=role,
                 drain_s=drained - started,
-                switch_s=state.clock.real() - drained,
+                switch_s=state.clock.now() - drained,
             )
             return True
         finally:
@@ -379,10 +379,10 @@ class ControlLoops:
         the drain); None if it never accepts."""
         session = self.state.session
         assert session is not None and self.long is not None
-        k = self.state.spec.time_scale
+        switch_wall = self.state.clock.wall(self.long.role_switch)
         for _ in range(50):  # 50 x 0.1 s wall at most, besides the switch itself
             with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
-                async with asyncio.timeout(self.long.role_switch / k + 10):
+                async with asyncio.timeout(switch_wall + 10):
                     async with session.post(f"{base}/role", json={"role": role}) as resp:
                         if resp.status == 200:
                             doc: dict[str, Any] = await resp.json()

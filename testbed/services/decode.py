@@ -18,11 +18,12 @@ from typing import Any
 
 from aiohttp import web
 
+from testbed.clock import LiveClock
 from testbed.engine.emulated import DecodeBatcher, DecodeSlot
 from testbed.profiles import MODELS
 from testbed.services import cache_pull
 from testbed.services.kv_expect import EXPECTING, expect_kv, label_field
-from testbed.services.spec import RunClock, ServiceSpec
+from testbed.services.spec import ServiceSpec
 from testbed.services.validate import health, int_field, json_body, json_errors, str_field
 from testbed.transfer.errors import TransferError
 from testbed.transfer.reassembly import KVManifest
@@ -36,11 +37,11 @@ SPEC = web.AppKey("spec", ServiceSpec)
 class DecodeState:
     def __init__(self, spec: ServiceSpec) -> None:
         self.spec = spec
-        self.clock = RunClock(spec.t0, spec.time_scale)
+        self.clock = LiveClock.of(spec)
         profile = MODELS[spec.model].decode[spec.hardware]
         self.bs_max = profile.bs_max(spec.tpot_slo_s)
         self.batcher = DecodeBatcher(
-            profile.step_time, self.bs_max, spec.time_scale, spec.flush_interval_s
+            profile.step_time, self.bs_max, self.clock, spec.flush_interval_s
         )
         self.receiver = KVReceiver(spec.host, spec.kv_port)
         self.waiting_kv = 0
@@ -49,6 +50,13 @@ class DecodeState:
 
 
 STATE = web.AppKey("state", DecodeState)
+
+
+
+def _when(mono: float | None) -> float:
+    """A slot's token instant (set once it produced a token; a finished slot has both)."""
+    assert mono is not None, "a finished decode slot has token times"
+    return mono
 
 
 async def _decode(request: web.Request) -> web.StreamResponse:
@@ -95,7 +103,7 @@ async def _decode(request: web.Request) -> web.StreamResponse:
         state.failed += 1
         await send({"error": "kv not verified"})
         return resp
-    kv_ready = clock.real()
+    kv_ready = clock.now()
     await send(
         {"admitted": True, "kv_verified": manifest.verified, "kv_wire_bytes": manifest.total_bytes}
     )
@@ -124,8 +132,8 @@ async def _decode(request: web.Request) -> web.StreamResponse:
             "done": True,
             "tokens": slot.generated,
             "kv_ready": kv_ready,
-            "first_token": clock.real(slot.first_token_at),
-            "last_token": clock.real(slot.last_token_at),
+            "first_token": clock.at(_when(slot.first_token_at)),
+            "last_token": clock.at(_when(slot.last_token_at)),
             "kv_wire_bytes": manifest.total_bytes,
             "kv_verified": manifest.verified,
         }

@@ -25,9 +25,10 @@ from typing import Literal
 
 from aiohttp import web
 
+from testbed.clock import LiveClock
 from testbed.services import decode as decode_svc
 from testbed.services import prefill as prefill_svc
-from testbed.services.spec import RunClock, ServiceSpec
+from testbed.services.spec import ServiceSpec
 from testbed.services.validate import Handler, health, json_body, json_errors
 
 __all__ = ["DECODE_PREFIX", "PREFILL_PREFIX", "create_app"]
@@ -45,7 +46,7 @@ class RoleState:
         decode: decode_svc.DecodeState,
     ) -> None:
         self.spec = spec
-        self.clock = RunClock(spec.t0, spec.time_scale)
+        self.clock = LiveClock.of(spec)
         self.active: Role | None = "decode" if spec.initial_role == "decode" else "prefill"
         self.prefill = prefill
         self.decode = decode
@@ -111,9 +112,9 @@ async def _set_role(request: web.Request) -> web.Response:
         if why is not None:
             raise _conflict(why)
         old, state.active = state.active, None
-        started = state.clock.real()
+        started = state.clock.now()
         wall = time.monotonic()
-        await asyncio.sleep(state.spec.role_switch_s / state.spec.time_scale)
+        await state.clock.sleep(state.spec.role_switch_s)
         state.active = role
         state.switches += 1
     return web.json_response(
@@ -122,7 +123,7 @@ async def _set_role(request: web.Request) -> web.Response:
             "from": old,
             "switched": True,
             "started": started,
-            "ready": state.clock.real(),
+            "ready": state.clock.now(),
             "wall_s": time.monotonic() - wall,
         }
     )

@@ -46,7 +46,7 @@ class PrefillState(PrefillQueue[PrefillJob]):
     def __init__(self, spec: ServiceSpec) -> None:
         super().__init__(spec)
         self.engine = PrefillEngine(
-            MODELS[spec.model], spec.hardware, spec.time_scale, spec.byte_scale
+            MODELS[spec.model], spec.hardware, self.clock, spec.byte_scale
         )
         self.payload = PayloadSource(seed=hash(spec.id) & 0xFFFF)
 
@@ -57,7 +57,7 @@ class PrefillState(PrefillQueue[PrefillJob]):
         kv_tokens = job.uncached_tokens if job.kv_tokens is None else job.kv_tokens
         sizes = wire_layer_bytes(self.engine.model, kv_tokens, self.spec.byte_scale)
         layers: asyncio.Queue[tuple[int, int] | None] = asyncio.Queue()
-        job.times["prefill_start"] = self.clock.real()
+        job.times["prefill_start"] = self.clock.now()
         self.track(job, self._transfer(job, sizes, layers))
 
         async def on_layer(layer: int, nbytes: int) -> None:
@@ -65,7 +65,7 @@ class PrefillState(PrefillQueue[PrefillJob]):
 
         try:
             await self.engine.run(job.uncached_tokens, on_layer)
-            job.times["prefill_end"] = self.clock.real()
+            job.times["prefill_end"] = self.clock.now()
         finally:
             layers.put_nowait(None)  # after prefill_end: the transfer checks it at the sentinel
 
@@ -79,12 +79,12 @@ class PrefillState(PrefillQueue[PrefillJob]):
                 while (item := await layers.get()) is not None:
                     layer, nbytes = item
                     if "transfer_start" not in job.times:
-                        job.times["transfer_start"] = self.clock.real()
+                        job.times["transfer_start"] = self.clock.now()
                     await tx.send_layer(layer, self.payload.layer(job.id, layer, nbytes))
                     sent += nbytes
                 if "prefill_end" not in job.times:  # the prefill broke: abort, never half a KV
                     raise RuntimeError("prefill did not finish")
-            job.times["transfer_end"] = self.clock.real()
+            job.times["transfer_end"] = self.clock.now()
             self._complete(job, kv_wire_bytes_sent=sent)
         except (TransferError, OSError, TimeoutError) as exc:  # anything else: see track()
             reason = exc.reason if isinstance(exc, TransferError) else repr(exc)
@@ -110,7 +110,7 @@ async def _prefill(request: web.Request) -> web.Response:
     job = PrefillJob(rid, tokens, target, asyncio.get_running_loop().create_future(), 0.0)
     if "kv_tokens" in body:
         job.kv_tokens = int_field(body, "kv_tokens", 1, 10_000_000)
-    job.queued_at = state.clock.real()
+    job.queued_at = state.clock.now()
     result = await state.run_job(job)
     return web.json_response(result, status=200 if "error" not in result else 502)
 

@@ -12,8 +12,9 @@ import logging
 from collections.abc import Coroutine
 from typing import Any, Generic, Protocol, TypeVar
 
+from testbed.clock import LiveClock
 from testbed.services.kv_targets import KVTargets
-from testbed.services.spec import RunClock, ServiceSpec
+from testbed.services.spec import ServiceSpec
 from testbed.transfer.sender import KVSender, pooled_sender
 
 __all__ = ["PrefillQueue"]
@@ -37,7 +38,7 @@ J = TypeVar("J", bound=Job)
 class PrefillQueue(Generic[J]):
     def __init__(self, spec: ServiceSpec) -> None:
         self.spec = spec
-        self.clock = RunClock(spec.t0, spec.time_scale)
+        self.clock = LiveClock.of(spec)
         self.queue: asyncio.Queue[J] = asyncio.Queue()
         self.senders: dict[tuple[str, int], KVSender] = {}
         self.running: J | None = None

@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from testbed.clock import LiveClock, Scale
 from testbed.engine.emulated import wire_layer_bytes
 from testbed.engine.torch import live
 from testbed.kvcache import BLOCK_TOKENS
@@ -37,7 +38,7 @@ from testbed.services import cache_pull
 from testbed.services.control import ControlLoops, role_view
 from testbed.services.kv_expect import REGISTER_TIMEOUT_S
 from testbed.services.kv_targets import NO_TARGETS_STATUS, deployment_targets, post_targets
-from testbed.services.spec import InstanceInfo, RunClock, ServiceSpec
+from testbed.services.spec import InstanceInfo, ServiceSpec
 from testbed.services.validate import health, json_errors, parse_json_object
 from testbed.transfer.capability import new_wire_id
 
@@ -96,7 +97,8 @@ class AttemptError(Exception):
 class RouterState:
     def __init__(self, spec: ServiceSpec) -> None:
         self.spec = spec
-        self.clock = RunClock(spec.t0, spec.time_scale)
+        self.clock = LiveClock.of(spec)
+        self.scale = Scale.of(spec)
         self.model = MODELS[spec.model]
         self.tiny = (
             live.tiny_config(spec.model_seed, spec.model_dtype) if spec.engine == "torch" else None
@@ -151,7 +153,7 @@ class RouterState:
     def snapshot(self, exclude: frozenset[str] = frozenset()) -> Snapshot:
         """Load of every healthy instance not in `exclude` (instance ids or cluster names)."""
         return Snapshot(
-            now=self.clock.real(),
+            now=self.clock.now(),
             instances=tuple(
                 InstanceLoad(i.id, i.cluster, i.role, self.outstanding[i.id], self.work[i.id])
                 for i in self.instances.values()
@@ -204,7 +206,7 @@ class RouterState:
             id=rid,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
-            arrival=self.clock.real(),
+            arrival=self.clock.now(),
         )
         if hash_ids:
             self.hash_ids[rid] = hash_ids
@@ -397,7 +399,7 @@ class RouterState:
             tokens=plan.pull_tokens,
             model=self.spec.model,
             byte_scale=self.spec.byte_scale,
-            time_scale=self.spec.time_scale,
+            clock=self.clock,
             timeout_s=self.spec.request_timeout_s,
             label=rec.id,
             kv_targets=deployment_targets(self.instances.values()),

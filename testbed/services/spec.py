@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["InstanceInfo", "RunClock", "ServiceSpec"]
+__all__ = ["InstanceInfo", "SchedulerSpec", "ServiceSpec"]
 
 
 class InstanceInfo(BaseModel):
@@ -64,6 +64,8 @@ class ServiceSpec(BaseModel):
     time_scale: float = Field(1.0, gt=0)
     byte_scale: float = Field(1.0, gt=0)
     t0: float = Field(default_factory=time.monotonic, description="run start, time.monotonic()")
+    """The run's epoch: with time_scale, every process builds the same clock from it
+    (testbed.clock.LiveClock.of)."""
     host: str = "127.0.0.1"
     port: int = 0
     kv_port: int = 0
@@ -106,18 +108,3 @@ class ServiceSpec(BaseModel):
     prefix_cache_bytes: dict[Literal["prfaas", "local"], float] | None = None
     """Real bytes of prefix cache per cluster for the global KVCache manager
     (testbed.kvcache.manager); None: no prefix cache, every request prefills in full."""
-
-
-class RunClock:
-    """Converts this machine's monotonic clock to real-world seconds since the run started.
-
-    CLOCK_MONOTONIC is system-wide on Linux, so every process of a run (and every container,
-    which shares the kernel) agrees on it.
-    """
-
-    def __init__(self, t0: float, time_scale: float) -> None:
-        self.t0 = t0
-        self.k = time_scale
-
-    def real(self, mono: float | None = None) -> float:
-        return ((time.monotonic() if mono is None else mono) - self.t0) * self.k

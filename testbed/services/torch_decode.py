@@ -36,12 +36,13 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from testbed.clock import LiveClock
 from testbed.engine.torch.live import tiny_config
 from testbed.engine.torch.pacing import CpuPacer, ProfileBudget
 from testbed.profiles import MODELS
 from testbed.services.decode import kv_accounting
 from testbed.services.kv_expect import EXPECTING, expect_kv, label_field
-from testbed.services.spec import RunClock, ServiceSpec
+from testbed.services.spec import ServiceSpec
 from testbed.services.validate import health, int_field, json_body, json_errors, str_field
 from testbed.transfer.errors import TransferError
 from testbed.transfer.receiver import KVReceiver
@@ -75,14 +76,14 @@ class TorchSlot:
 class TorchDecodeState:
     def __init__(self, spec: ServiceSpec, engine: TorchDecodeEngine, executor: ThreadPoolExecutor):
         self.spec = spec
-        self.clock = RunClock(spec.t0, spec.time_scale)
+        self.clock = LiveClock.of(spec)
         self.engine = engine
         self.config = engine.model.config
         self.executor = executor
         profile = MODELS[spec.model]
         self.bs_max = profile.decode[spec.hardware].bs_max(spec.tpot_slo_s)
         self.budget = ProfileBudget(profile, spec.hardware, spec.hardware, self.config.n_layers)
-        self.pacer = CpuPacer(spec.time_scale)
+        self.pacer = CpuPacer(self.clock)
         self.receiver = KVReceiver(spec.host, spec.kv_port, keep_payload=True)
         self.first_tokens: dict[str, asyncio.Future[int]] = {}
         self.active: list[TorchSlot] = []
@@ -165,6 +166,13 @@ class TorchDecodeState:
 STATE = web.AppKey("state", TorchDecodeState)
 
 
+
+def _when(mono: float | None) -> float:
+    """A slot's token instant (set once it produced a token; a finished slot has both)."""
+    assert mono is not None, "a finished decode slot has token times"
+    return mono
+
+
 async def _decode(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body = await json_body(request)
@@ -211,7 +219,7 @@ async def _decode(request: web.Request) -> web.StreamResponse:
     finally:
         state.waiting_kv -= 1
         state.first_tokens.pop(rid, None)
-    kv_ready = state.clock.real()
+    kv_ready = state.clock.now()
     from testbed.engine.torch.codec import KVFormatError
 
     try:
@@ -256,8 +264,8 @@ async def _decode(request: web.Request) -> web.StreamResponse:
             "tokens": streamed,
             "token_ids": slot.ids,
             "kv_ready": kv_ready,
-            "first_token": state.clock.real(slot.first_token_at),
-            "last_token": state.clock.real(slot.last_token_at),
+            "first_token": state.clock.at(_when(slot.first_token_at)),
+            "last_token": state.clock.at(_when(slot.last_token_at)),
             "kv_wire_bytes": manifest.total_bytes,
             "kv_verified": manifest.verified,
         }

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from testbed.clock import LiveClock
 from testbed.engine.torch.live import tiny_config
 from testbed.engine.torch.pacing import CpuPacer, ProfileBudget
 from testbed.profiles import MODELS
@@ -71,7 +72,7 @@ class TorchPrefillState(PrefillQueue[TorchPrefillJob]):
     async def prefill(self, job: TorchPrefillJob) -> None:
         sizes = self.config.layer_sizes(0, len(job.tokens))
         layers: asyncio.Queue[tuple[int, bytes] | None] = asyncio.Queue()
-        job.times["prefill_start"] = self.clock.real()
+        job.times["prefill_start"] = self.clock.now()
         self.track(job, self._transfer(job, sizes, layers))
 
         async def on_layer(layer: int, data: bytes) -> None:
@@ -80,7 +81,7 @@ class TorchPrefillState(PrefillQueue[TorchPrefillJob]):
         try:
             result = await self.engine.run(job.tokens, on_layer)
             job.first_token = result.first_token
-            job.times["prefill_end"] = self.clock.real()
+            job.times["prefill_end"] = self.clock.now()
         finally:
             layers.put_nowait(None)  # after first_token: the transfer reads it at the sentinel
 
@@ -97,12 +98,12 @@ class TorchPrefillState(PrefillQueue[TorchPrefillJob]):
                 while (item := await layers.get()) is not None:
                     layer, data = item
                     if "transfer_start" not in job.times:
-                        job.times["transfer_start"] = self.clock.real()
+                        job.times["transfer_start"] = self.clock.now()
                     await tx.send_layer(layer, data)
                     sent += len(data)
                 if job.first_token is None:  # the prefill broke: abort, never half a KV
                     raise RuntimeError("prefill did not finish")
-            job.times["transfer_end"] = self.clock.real()
+            job.times["transfer_end"] = self.clock.now()
             self._complete(job, kv_wire_bytes_sent=sent, first_token_id=job.first_token)
         except (TransferError, OSError, TimeoutError, RuntimeError) as exc:  # others: track()
             reason = exc.reason if isinstance(exc, TransferError) else repr(exc)
@@ -158,7 +159,7 @@ def build_engine(spec: ServiceSpec, executor: ThreadPoolExecutor) -> TorchPrefil
     model = TinyHybridLM(tiny_config(spec.model_seed, spec.model_dtype))
     budget = ProfileBudget(MODELS[spec.model], spec.hardware, spec.hardware, model.config.n_layers)
     return TorchPrefillEngine(
-        model, pacer=CpuPacer(spec.time_scale), budget=budget, executor=executor
+        model, pacer=CpuPacer(LiveClock.of(spec)), budget=budget, executor=executor
     )
 
 

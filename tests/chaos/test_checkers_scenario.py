@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from testbed.clock import LiveClock
 from testbed.config import CheckerConfig, NemesisEvent, Scenario
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.scenario.checkers import (
@@ -204,7 +205,7 @@ class FakeCtx:
         self.substrate: Any = FakeSubstrate()
         self.services: Any = {i: FakeHandle(i) for i in instance_ids(1, 1, 2)}
         self.link = None
-        self.k = 100.0
+        self.clock = LiveClock(time_scale=100.0)
 
 
 async def test_player_records_every_phase_and_survives_a_failing_fault() -> None:
@@ -223,8 +224,9 @@ async def test_player_records_every_phase_and_survives_a_failing_fault() -> None
     faults = plan_faults(sc, instance_ids(1, 1, 2), link_enabled=True)
     ctx = FakeCtx()
     history: list[HistoryEvent] = []
-    t0 = time.monotonic()
-    await asyncio.wait_for(NemesisPlayer(ctx, faults, history, t0).run(), 5)
+    ctx.clock = LiveClock(time_scale=100.0)
+    t0 = ctx.clock.epoch
+    await asyncio.wait_for(NemesisPlayer(ctx, faults, history, ctx.clock).run(), 5)
     got = [(e.data["action"], e.data["phase"], e.data["target"]) for e in history]
     assert sorted(got) == sorted(
         [
@@ -245,7 +247,7 @@ async def test_player_records_every_phase_and_survives_a_failing_fault() -> None
     )
     hist2: list[HistoryEvent] = []
     await NemesisPlayer(
-        ctx, plan_faults(link_sc, [], link_enabled=True), hist2, time.monotonic()
+        ctx, plan_faults(link_sc, [], link_enabled=True), hist2, ctx.clock.rebased()
     ).run()
     assert len(hist2) == 1 and "no link emulator" in hist2[0].data["error"]
 

@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from testbed.clock import LiveClock
 from testbed.services.spec import InstanceInfo, ServiceSpec
 
 
@@ -224,7 +225,7 @@ async def test_a_prefix_pull_is_sent_only_after_the_receiver_registered_it() -> 
                     tokens=1024,
                     model=ServiceSpec(role="router", id="r").model,
                     byte_scale=1e4,
-                    time_scale=1.0,
+                    clock=LiveClock(),
                     timeout_s=20,
                     label="client-7",
                     kv_targets=[("127.0.0.2", 7002)],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from testbed.clock import Clock
 from testbed.engine.timing import sleep_until
 from testbed.profiles import ModelProfile
 
@@ -62,35 +63,30 @@ class StepStats:
 
 @dataclass
 class CpuPacer:
-    """Pads steps up to budget / time_scale (wall); records the steps that were slower."""
+    """Pads steps up to their budget on the run's clock (wall); records the slower steps."""
 
-    time_scale: float
+    clock: Clock
     kinds: dict[str, StepStats] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.time_scale <= 0:
-            raise ValueError("time_scale must be > 0")
 
     async def pace(self, kind: str, started: float, budget_s: float) -> None:
         """A step of `kind` began at wall time `started` (time.monotonic) and is modelled to
         take `budget_s` real seconds: sleep out the rest, or record how late it is."""
         st = self.kinds.setdefault(kind, StepStats())
         st.steps += 1
-        k = self.time_scale
-        target = budget_s / k
+        target = self.clock.wall(budget_s)
         actual = time.monotonic() - started
         if target > 0:
             st.worst_ratio = max(st.worst_ratio, actual / target)
         if actual < target:
             st.padded_steps += 1
-            st.padded_s += (target - actual) * k
+            st.padded_s += self.clock.real(target - actual)
             await sleep_until(started + target)
         elif actual > target:
             st.late_steps += 1
-            st.late_s += (actual - target) * k
+            st.late_s += self.clock.real(actual - target)
 
     def stats(self) -> dict[str, object]:
         return {
-            "time_scale": self.time_scale,
+            "time_scale": self.clock.time_scale,
             **{kind: st.to_json() for kind, st in sorted(self.kinds.items())},
         }

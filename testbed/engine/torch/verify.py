@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from testbed.clock import LiveClock
 from testbed.engine.torch.config import TinyConfig
 from testbed.engine.torch.engine import PrefillResult, TorchDecodeEngine, TorchPrefillEngine
 from testbed.engine.torch.model import TinyHybridLM, generate
@@ -108,7 +109,8 @@ class _Harness:
         self.link = link
         self.model = TinyHybridLM(opts.model)
         budget = ProfileBudget(MODELS["internal-1t-hybrid"], "h200x8", "h20x8", opts.model.n_layers)
-        self.pacer = CpuPacer(opts.time_scale) if opts.time_scale > 0 else None
+        paced = opts.time_scale > 0
+        self.pacer = CpuPacer(LiveClock(time_scale=opts.time_scale)) if paced else None
         b = budget if self.pacer is not None else None
         cache = TorchPrefixCache(opts.model, capacity_bytes=1 << 30, block_tokens=opts.block_tokens)
         self.cache = cache
