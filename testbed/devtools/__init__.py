@@ -1,0 +1,1 @@
+"""Tools for working on the testbed itself (not used by runs)."""
