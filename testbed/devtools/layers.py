@@ -23,7 +23,7 @@ from pathlib import Path
 __all__ = ["LAYERS", "Violation", "check", "main"]
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "units", "clock", "lifeline", "serving", "devtools"),
+    ("errors", "units", "clock", "lifeline", "serving", "devtools", "registry"),
     ("profiles", "transfer"),
     ("config",),
     ("workload", "planner", "policy", "kvcache"),

@@ -1,38 +1,24 @@
-"""Routing policies, one module each, behind the interface in `base`."""
+"""Routing policies, one module each, behind the interface in `base`.
+
+`POLICIES` maps a name to its class (found by importing every module of this package the first
+time it is read; see testbed.registry); `get_policy` is the class, with the facts the runner
+reads (`deployment_kind`, `needs_threshold`, `replans`, `long_term`, `cache_aware`), and
+`make_policy` an instance, which is what the router routes with.
+"""
 
 from __future__ import annotations
 
-from testbed.policy.base import Policy
-from testbed.policy.prfaas import Prfaas, PrfaasNoCache, PrfaasNoLongTerm
-from testbed.policy.static import Homogeneous, Naive, PrfaasStatic
+from testbed.policy.base import POLICIES, Policy
+from testbed.registry import UnknownName
 
-POLICIES: dict[str, type] = {
-    "homogeneous": Homogeneous,
-    "naive": Naive,
-    "prfaas-static": PrfaasStatic,
-    "prfaas": Prfaas,
-    "prfaas-nocache": PrfaasNoCache,
-    "prfaas-nolongterm": PrfaasNoLongTerm,
-}
+__all__ = ["POLICIES", "Policy", "UnknownName", "get_policy", "make_policy"]
 
-# The deployment kind each policy runs on when a scenario has several.
-POLICY_DEPLOYMENT_KIND = {
-    "homogeneous": "homogeneous",
-    "naive": "naive",
-    "prfaas-static": "prfaas-pd",
-    "prfaas": "prfaas-pd",
-    "prfaas-nocache": "prfaas-pd",
-    "prfaas-nolongterm": "prfaas-pd",
-}
+
+def get_policy(name: str) -> type[Policy]:
+    """The policy class called `name`; UnknownName (one line listing the known names) if none."""
+    return POLICIES[name]
 
 
 def make_policy(name: str) -> Policy:
-    try:
-        cls = POLICIES[name]
-    except KeyError:
-        raise KeyError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
-    policy: Policy = cls()
-    return policy
-
-
-__all__ = ["POLICIES", "POLICY_DEPLOYMENT_KIND", "Policy", "make_policy"]
+    """A fresh instance of the policy called `name`."""
+    return get_policy(name)()

@@ -12,18 +12,22 @@ The threshold and the scarcity flag come from the snapshot, so the policy stays 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import ClassVar
 
-from testbed.policy.base import Cluster, RequestView, Route, Snapshot
+from testbed.config import DeploymentKind
+from testbed.policy.base import POLICIES, Cluster, RequestView, Route, Snapshot
 from testbed.policy.static import _route
 
 
-@dataclass(frozen=True)
+@POLICIES.register
 class Prfaas:
-    name: str = "prfaas"
-    cache_aware: bool = True
-    long_term: bool = True
+    name: ClassVar[str] = "prfaas"
+    deployment_kind: ClassVar[DeploymentKind] = "prfaas-pd"
+    needs_threshold: ClassVar[bool] = True
+    replans: ClassVar[bool] = True
+    long_term: ClassVar[bool] = True
     """The router also runs the long-term loop (role conversion) for this policy."""
+    cache_aware: ClassVar[bool] = True
 
     def decide(self, request: RequestView, snapshot: Snapshot) -> Route:
         t = snapshot.threshold_tokens
@@ -56,16 +60,18 @@ class Prfaas:
         return route
 
 
-@dataclass(frozen=True)
+@POLICIES.register
 class PrfaasNoCache(Prfaas):
-    name: str = "prfaas-nocache"
-    cache_aware: bool = False
+    """`prfaas` with every cache ignored (the cache-blind ablation); both scheduler loops run."""
+
+    name: ClassVar[str] = "prfaas-nocache"
+    cache_aware: ClassVar[bool] = False
 
 
-@dataclass(frozen=True)
+@POLICIES.register
 class PrfaasNoLongTerm(Prfaas):
     """`prfaas` without the long-term loop: the PD split stays as started (the ablation that
     shows what role conversion buys). The routing rule is the same."""
 
-    name: str = "prfaas-nolongterm"
-    long_term: bool = False
+    name: ClassVar[str] = "prfaas-nolongterm"
+    long_term: ClassVar[bool] = False

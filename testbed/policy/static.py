@@ -9,9 +9,10 @@ Instance choice within a cluster is least outstanding work, for all three.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import ClassVar
 
-from testbed.policy.base import Cluster, RequestView, Route, Snapshot, least_loaded
+from testbed.config import DeploymentKind
+from testbed.policy.base import POLICIES, Cluster, RequestView, Route, Snapshot, least_loaded
 
 
 def _route(request: RequestView, snapshot: Snapshot, cluster: Cluster, t: float | None) -> Route:
@@ -33,27 +34,45 @@ def _route(request: RequestView, snapshot: Snapshot, cluster: Cluster, t: float 
     )
 
 
-@dataclass(frozen=True)
+@POLICIES.register
 class Homogeneous:
-    name: str = "homogeneous"
+    name: ClassVar[str] = "homogeneous"
+    deployment_kind: ClassVar[DeploymentKind] = "homogeneous"
+    needs_threshold: ClassVar[bool] = False
+    replans: ClassVar[bool] = False
+    long_term: ClassVar[bool] = False
+    cache_aware: ClassVar[bool] = False
 
     def decide(self, request: RequestView, snapshot: Snapshot) -> Route:
         return _route(request, snapshot, "local", None)
 
 
-@dataclass(frozen=True)
+@POLICIES.register
 class Naive:
-    name: str = "naive"
+    name: ClassVar[str] = "naive"
+    deployment_kind: ClassVar[DeploymentKind] = "naive"
+    needs_threshold: ClassVar[bool] = False
+    replans: ClassVar[bool] = False
+    long_term: ClassVar[bool] = False
+    cache_aware: ClassVar[bool] = False
 
     def decide(self, request: RequestView, snapshot: Snapshot) -> Route:
         return _route(request, snapshot, "prfaas", None)
 
 
-@dataclass(frozen=True)
+@POLICIES.register
 class PrfaasStatic:
-    """Length-threshold routing; the threshold comes from the snapshot (set once per run)."""
+    """Length-threshold routing; the threshold comes from the snapshot (set once per run).
 
-    name: str = "prfaas-static"
+    Not cache-aware in the scheduler's sense: it subtracts the local cache hit from the length
+    it compares with t, but never uses a prefix cached in the other cluster."""
+
+    name: ClassVar[str] = "prfaas-static"
+    deployment_kind: ClassVar[DeploymentKind] = "prfaas-pd"
+    needs_threshold: ClassVar[bool] = True
+    replans: ClassVar[bool] = False
+    long_term: ClassVar[bool] = False
+    cache_aware: ClassVar[bool] = False
 
     def decide(self, request: RequestView, snapshot: Snapshot) -> Route:
         t = snapshot.threshold_tokens

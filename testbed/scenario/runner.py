@@ -33,7 +33,7 @@ from testbed.metrics.files import Journal, write_jsonl_atomic
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.plan_cli import plan_inputs
 from testbed.planner import StagePlan, plan_deployment
-from testbed.policy import POLICIES, POLICY_DEPLOYMENT_KIND
+from testbed.policy import POLICIES, get_policy
 from testbed.scenario.link import LinkSetup
 from testbed.scenario.nemesis import (
     NemesisPlayer,
@@ -50,11 +50,6 @@ from testbed.workload.generate import RequestSpec, generate_requests
 
 __all__ = ["RunOptions", "RunResult", "prepare_run", "run_scenario"]
 
-THRESHOLD_POLICIES = ("prfaas-static", "prfaas", "prfaas-nocache", "prfaas-nolongterm")
-RE_PLANNING_POLICIES = ("prfaas", "prfaas-nocache", "prfaas-nolongterm")
-LONG_TERM_POLICIES = tuple(n for n, cls in POLICIES.items() if getattr(cls, "long_term", False))
-"""Policies whose router also runs the long-term loop (local PD instances are role-switchable)."""
-"""Policies whose threshold the router's short-term loop re-plans while the run goes on."""
 SAMPLE_INTERVAL_S = 0.25
 """Wall seconds between samples of queues and link throughput."""
 
@@ -165,7 +160,7 @@ def _pick_deployment(scenario: Scenario, policy: str) -> tuple[str, DeploymentCo
         return scenario.deployment, scenario.deployments[scenario.deployment]
     if len(scenario.deployments) == 1:
         return next(iter(scenario.deployments.items()))
-    kind = POLICY_DEPLOYMENT_KIND[policy]
+    kind = get_policy(policy).deployment_kind
     for name, dep in scenario.deployments.items():
         if dep.kind == kind:
             return name, dep
@@ -194,7 +189,7 @@ def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
         n_decode = n_local - n_prefill
     else:
         n_prefill, n_decode = plan.n_prefill, plan.n_decode
-    if policy in THRESHOLD_POLICIES:
+    if get_policy(policy).needs_threshold:
         t = scenario.policy.threshold
         threshold = plan.threshold_tokens if t == "auto" else float(t)
     else:
@@ -335,7 +330,7 @@ class _Run:
         dep = self.rp.deployment
         # The torch engine has no role-switchable service yet: its runs keep the split.
         switchable = (
-            self.rp.policy in LONG_TERM_POLICIES
+            get_policy(self.rp.policy).long_term
             and dep.prfaas is not None
             and dep.engine == "emulated"
         )
@@ -406,7 +401,7 @@ class _Run:
         router_spec.threshold_tokens = self.rp.threshold_tokens
         router_spec.instances = instances
         router_spec.prefix_cache_bytes = cluster_capacities(dep)
-        if self.rp.policy in RE_PLANNING_POLICIES:
+        if get_policy(self.rp.policy).replans:
             sc = self.rp.scenario
             router_spec.scheduler = SchedulerSpec(
                 deployment=dep.model_dump(mode="json"),
@@ -587,7 +582,7 @@ class _Run:
 
     async def _scheduler_events(self, session: aiohttp.ClientSession) -> None:
         """Copy the router's scheduler decisions (GET /scheduler) into the history."""
-        if self.router is None or self.rp.policy not in RE_PLANNING_POLICIES:
+        if self.router is None or not get_policy(self.rp.policy).replans:
             return
         offset = self.load_offset
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):

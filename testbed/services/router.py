@@ -348,7 +348,7 @@ class RouterState:
         """The length the policy compares with t: the whole prompt for cache-blind policies,
         the part no usable cache holds for the cache-aware rule. The scheduler's planner is fed
         these, so the t it plans fits the lengths the routing really sees."""
-        if not getattr(self.policy, "cache_aware", False):
+        if not self.policy.cache_aware:
             return view.input_tokens
         cached = view.cached_local if self.scarce else max(view.cached_local, view.cached_prfaas)
         return max(1, view.input_tokens - cached)
