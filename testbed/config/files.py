@@ -1,0 +1,45 @@
+"""Reading a configuration file: YAML, bounded in size, every error one line naming the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from testbed.errors import ConfigError
+
+__all__ = ["MAX_YAML_BYTES", "load_yaml"]
+
+MAX_YAML_BYTES = 16 << 20
+"""Scenario and profile files are small; anything bigger is a mistake (or hostile)."""
+
+
+def load_yaml(path: Path) -> Any:
+    """Read a YAML file; syntax errors become one line naming the file and line."""
+    try:
+        if path.exists() and not path.is_file():  # a FIFO or a device could block or never end
+            raise ConfigError(f"{path}: not a regular file")
+        with path.open("rb") as f:
+            raw = f.read(MAX_YAML_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_YAML_BYTES >> 20} MiB; not a scenario file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start + 1})") from None
+    try:
+        return yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: YAML nested too deeply") from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{where}: YAML syntax error: {exc.problem}") from None
+    except yaml.YAMLError as exc:
+        one_line = " ".join(part.strip() for part in str(exc).splitlines())
+        raise ConfigError(f"{path}: YAML error: {one_line}") from None

@@ -1,0 +1,69 @@
+"""What the scheduler aims for (the SLO) and its knobs: the policy, its loops, the planner."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from testbed.config.base import Duration, PositiveDuration, StrictModel, Tokens
+
+__all__ = ["LongTermConfig", "PlannerConfig", "PolicyConfig", "ShortTermConfig", "SloConfig"]
+
+
+class SloConfig(StrictModel):
+    """Service-level objectives; decode speed sets T_decode and BS_max in the planner."""
+
+    decode_tokens_per_s: float = Field(40.0, gt=0)
+    ttft: PositiveDuration = 10.0
+
+    @property
+    def tpot(self) -> float:
+        return 1.0 / self.decode_tokens_per_s
+
+
+class ShortTermConfig(StrictModel):
+    """The short-term loop's knobs (scheduler.shortterm; defaults justified in
+    docs/scheduler.md)."""
+
+    interval: PositiveDuration = 1.0
+    replan_change: float = Field(0.2, gt=0, description="bandwidth move that triggers a re-plan")
+    min_t_change: float = Field(0.05, ge=0, description="smallest t change adopted")
+    cooldown: Duration = 2.0
+    scarce_utilisation: float = Field(0.7, gt=0, le=1)
+    queue_balance: bool = True
+    """Correct t from the routes' expected waits (scheduler.balance)."""
+    balance_margin: PositiveDuration = 2.0
+    balance_step: float = Field(1.1, gt=1)
+    max_bias: float = Field(4.0, ge=1)
+
+
+class LongTermConfig(StrictModel):
+    """The long-term loop's knobs (scheduler.longterm; defaults justified in
+    docs/scheduler.md)."""
+
+    interval: PositiveDuration = 10.0
+    window: PositiveDuration = 30.0
+    """Observed input lengths of the requests that arrived in the last `window` feed the
+    planner."""
+    min_samples: int = Field(30, ge=1)
+    min_gain: float = Field(0.1, ge=0)
+    sustain: int = Field(6, ge=1)
+    """Consecutive checks (x interval = 60 s) a move must be wanted before it is made."""
+    pressure: float = Field(0.8, ge=0)
+    role_switch: Duration = 5.0
+    """Real-world time a PD instance needs to restart in the other role once drained."""
+    drain_timeout: PositiveDuration = 300.0
+
+
+class PolicyConfig(StrictModel):
+    name: str = "prfaas-static"
+    threshold: Tokens | Literal["auto"] = "auto"
+    short_term: ShortTermConfig = Field(default_factory=lambda: ShortTermConfig())
+    long_term: LongTermConfig = Field(default_factory=lambda: LongTermConfig())
+
+
+class PlannerConfig(StrictModel):
+    """Grid of the planner's threshold search (Eqs. 7-8)."""
+
+    threshold_step: Tokens = 100.0
