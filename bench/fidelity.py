@@ -22,9 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from testbed.config import load_scenario
 from testbed.metrics.records import RequestRecord
 from testbed.scenario.runner import RunOptions, prepare_run, run_scenario
+from testbed.scenario.schema import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = (("prfaas-pd", "prfaas-static"), ("homogeneous", "homogeneous"), ("naive", "naive"))

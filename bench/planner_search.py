@@ -10,9 +10,9 @@ import statistics
 import time
 from pathlib import Path
 
-from testbed.config import load_scenario
 from testbed.plan_cli import plan_inputs
 from testbed.planner import plan_deployment
+from testbed.scenario.schema import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.config import load_scenario
 from testbed.scenario.runner import RunOptions, prepare_run, run_scenario
+from testbed.scenario.schema import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"

@@ -6,8 +6,8 @@ import argparse
 import json
 from typing import Any
 
-from testbed.config import Scenario, load_scenario
 from testbed.planner import PlanInputs, StagePlan, plan_deployment
+from testbed.scenario.schema import Scenario, load_scenario
 from testbed.units import format_tokens
 from testbed.workload.build import length_distribution
 

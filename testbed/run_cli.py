@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from testbed.clock import LiveClock
-from testbed.config import load_scenario
 from testbed.errors import UserError
 from testbed.metrics.summary import to_text
 from testbed.scenario.runner import RunOptions, prepare_run, run_scenario
+from testbed.scenario.schema import load_scenario
 
 SCENARIO_DIR = Path("scenarios")
 

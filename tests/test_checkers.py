@@ -132,9 +132,9 @@ def _timed(i: int, arrival: float, ttft: float, last: float | None = None) -> Re
 
 
 def test_ttft_ratio_compares_with_the_window_before_the_fault() -> None:
-    from testbed.config import CheckerConfig
     from testbed.metrics.records import HistoryEvent
     from testbed.scenario.checkers import run_checker
+    from testbed.scenario.schema import CheckerConfig
 
     history = [
         HistoryEvent(60.0, "fault", {"action": "bandwidth", "phase": "start", "index": 0}),
@@ -150,9 +150,9 @@ def test_ttft_ratio_compares_with_the_window_before_the_fault() -> None:
 
 
 def test_throughput_uses_the_optimum_after_the_shift() -> None:
-    from testbed.config import CheckerConfig
     from testbed.metrics.records import HistoryEvent
     from testbed.scenario.checkers import run_checker
+    from testbed.scenario.schema import CheckerConfig
 
     plan = HistoryEvent(
         0.0, "plan", {"lambda_max_rps": 4.0, "shift_at": 100.0, "shift_lambda_max_rps": 2.0}
@@ -196,10 +196,10 @@ def test_builtins_are_vacuous_when_nothing_ran_or_completed() -> None:
 def _partition_run(tmp_path: Path, quiet_during: bool) -> Path:
     """Results of a hand-made partition run, written by the real write_results: with
     `quiet_during`, no request that the policy would offload arrives during the cut."""
-    from testbed.config import load_scenario
     from testbed.metrics.records import HistoryEvent
     from testbed.scenario.results import write_results
     from testbed.scenario.runner import RunOptions, prepare_run
+    from testbed.scenario.schema import load_scenario
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     opts = RunOptions(out_dir=tmp_path, progress=False)

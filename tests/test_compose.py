@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from testbed.config import load_scenario
 from testbed.scenario.runner import RunOptions, _Run, prepare_run
+from testbed.scenario.schema import load_scenario
 from testbed.services.spec import ServiceSpec
 
 ROOT = Path(__file__).resolve().parents[1]

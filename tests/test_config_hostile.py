@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed.config import load_scenario
 from testbed.errors import ConfigError
+from testbed.scenario.schema import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "data" / "tiny.yaml"

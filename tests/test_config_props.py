@@ -12,8 +12,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from testbed.config import NemesisEvent, load_scenario
 from testbed.errors import ConfigError
+from testbed.nemesis.actions.bandwidth import BandwidthAction
+from testbed.scenario.schema import load_scenario
 
 BASE: dict[str, Any] = {
     "deployments": {
@@ -117,7 +118,7 @@ def test_valid_faults_round_trip_in_si(
     at: float, dur: float, unit: tuple[str, float], gbps: float
 ) -> None:
     suffix, mult = unit
-    ev = NemesisEvent.model_validate(
+    ev = BandwidthAction.model_validate(
         {
             "action": "bandwidth",
             "at": f"{at!r}{suffix}",

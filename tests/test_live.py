@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed.config import load_scenario
 from testbed.scenario.runner import RunOptions, _Run, prepare_run
+from testbed.scenario.schema import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "data" / "tiny.yaml"

@@ -9,8 +9,9 @@ import aiohttp
 import numpy as np
 import pytest
 
-from testbed.config import LognormalLengths, Scenario, ShiftConfig
+from testbed.config import LognormalLengths, ShiftConfig
 from testbed.planner import PlanInputs, StagePlan, plan_deployment
+from testbed.scenario.schema import Scenario
 from testbed.scheduler.longterm import LongTermController, StagePressure
 from testbed.services.pd import DECODE_PREFIX, PREFILL_PREFIX
 from testbed.services.pd import create_app as pd_app

@@ -8,8 +8,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from testbed.config import DeploymentConfig, LongTermConfig, ScaleConfig, load_scenario
+from testbed.config import DeploymentConfig, LongTermConfig, ScaleConfig
 from testbed.scenario.runner import RunOptions, prepare_run, run_scenario
+from testbed.scenario.schema import load_scenario
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

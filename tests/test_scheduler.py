@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from testbed.config import load_scenario
 from testbed.plan_cli import plan_inputs
 from testbed.planner import plan_deployment
 from testbed.policy import make_policy
 from testbed.policy.base import InstanceLoad, RequestView, Snapshot
+from testbed.scenario.schema import load_scenario
 from testbed.scheduler.bandwidth import LinkEstimator, LinkSample
 from testbed.scheduler.shortterm import ThresholdController
 

@@ -24,10 +24,10 @@ except ImportError as exc:
         "tests/test_torch_*.py need torch: pip install -e '.[dev,model]' (or `make test`)"
     ) from exc
 
-from testbed.config import load_scenario
 from testbed.engine.torch import live
 from testbed.engine.torch.model import TinyHybridLM, generate
 from testbed.scenario.runner import RunOptions, prepare_run, run_scenario
+from testbed.scenario.schema import load_scenario
 from testbed.services.spec import InstanceInfo, ServiceSpec
 from testbed.substrate.local import LocalService, start_service, stop_services
 from testbed.transfer.fault_proxy import FaultProxy

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed.config import load_scenario
 from testbed.engine.torch import live
 from testbed.engine.torch.config import TinyConfig
 from testbed.errors import ConfigError
+from testbed.scenario.schema import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 

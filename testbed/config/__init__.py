@@ -1,4 +1,4 @@
-"""Typed configuration: deployment, link, workload, scale, policy and scenario, read from YAML.
+"""Typed configuration: deployment, link, workload, scale and policy, read from YAML.
 
 Every quantity a person writes carries its unit ("100Gbps", "25ms", "19.4K"); the models turn them
 into SI floats at the boundary so nothing downstream handles strings. Unknown fields are errors
@@ -6,7 +6,10 @@ into SI floats at the boundary so nothing downstream handles strings. Unknown fi
 or line, because that is what a person needs to fix it.
 
 One module per part: `base` (unit-typed fields, the strict base model), `deployment`,
-`workload`, `policy` (SLO, policy, scheduler loops, planner), `files` (reading YAML).
+`workload`, `policy` (SLO, policy, scheduler loops, planner), `files` (reading YAML). The
+scenario file that puts them together with a nemesis timeline and checkers is
+testbed.scenario.schema (`Scenario`, `load_scenario`): it needs the registered faults and
+checkers, which sit above this package in the import layers.
 """
 
 from __future__ import annotations
@@ -37,13 +40,6 @@ from testbed.config.policy import (
     ShortTermConfig,
     SloConfig,
 )
-from testbed.config.scenario import (
-    NEMESIS_TARGET_GROUPS,
-    CheckerConfig,
-    NemesisEvent,
-    Scenario,
-    load_scenario,
-)
 from testbed.config.workload import (
     ArrivalsConfig,
     FixedLengths,
@@ -56,10 +52,8 @@ from testbed.config.workload import (
 
 __all__ = [
     "MAX_YAML_BYTES",
-    "NEMESIS_TARGET_GROUPS",
     "ArrivalsConfig",
     "Bandwidth",
-    "CheckerConfig",
     "ClusterConfig",
     "DeploymentConfig",
     "DeploymentKind",
@@ -69,12 +63,10 @@ __all__ = [
     "LinkConfig",
     "LognormalLengths",
     "LongTermConfig",
-    "NemesisEvent",
     "PlannerConfig",
     "PolicyConfig",
     "PositiveDuration",
     "ScaleConfig",
-    "Scenario",
     "ShiftConfig",
     "ShortTermConfig",
     "Size",
@@ -85,7 +77,6 @@ __all__ = [
     "TraceLengths",
     "WorkloadConfig",
     "literal_values",
-    "load_scenario",
     "load_yaml",
     "tagged_union",
 ]

@@ -53,10 +53,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from testbed.config import CheckerConfig, Scenario
 from testbed.errors import UserError
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.metrics.summary import stats
+from testbed.scenario.schema import CheckerConfig, Scenario
 
 __all__ = [
     "CheckResult",

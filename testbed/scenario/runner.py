@@ -25,17 +25,13 @@ from typing import Any
 import aiohttp
 
 from testbed.clock import LiveClock
-from testbed.config import DeploymentConfig, Scenario
+from testbed.config import DeploymentConfig
 from testbed.engine.torch import live
 from testbed.errors import UserError
 from testbed.kvcache.manager import cluster_capacities
 from testbed.metrics.files import Journal, write_jsonl_atomic
 from testbed.metrics.records import HistoryEvent, RequestRecord
-from testbed.plan_cli import plan_inputs
-from testbed.planner import StagePlan, plan_deployment
-from testbed.policy import POLICIES, get_policy
-from testbed.scenario.link import LinkSetup
-from testbed.scenario.nemesis import (
+from testbed.nemesis import (
     NemesisPlayer,
     PlannedFault,
     burst_requests,
@@ -43,6 +39,11 @@ from testbed.scenario.nemesis import (
     plan_faults,
     stop_player,
 )
+from testbed.plan_cli import plan_inputs
+from testbed.planner import StagePlan, plan_deployment
+from testbed.policy import POLICIES, get_policy
+from testbed.scenario.link import LinkSetup
+from testbed.scenario.schema import Scenario
 from testbed.services.spec import InstanceInfo, SchedulerSpec, ServiceSpec
 from testbed.substrate.base import ServiceHandle, Substrate
 from testbed.workload.build import length_distribution
@@ -93,7 +94,7 @@ class RunPlan:
     duration_s: float
     requests: list[RequestSpec]
     faults: list[PlannedFault] = field(default_factory=list)
-    """The nemesis timeline, targets resolved (testbed.scenario.nemesis)."""
+    """The nemesis timeline, targets resolved (testbed.nemesis)."""
     shift_plan: StagePlan | None = None
     """The planner's optimum for the lengths after `workload.shift` (PD split free)."""
     shift_rate_rps: float | None = None
@@ -204,8 +205,8 @@ def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
     duration = opts.duration_s if opts.duration_s is not None else scenario.duration
     # Before any process starts: a fault or a checker this run cannot exercise is an error now,
     # not two failed (or vacuous) checkers afterwards.
+    from testbed.nemesis import check_timeline_fits
     from testbed.scenario.checkers import checkers_fit
-    from testbed.scenario.nemesis import check_timeline_fits
 
     check_timeline_fits(scenario, duration)
     checkers_fit(scenario, duration)

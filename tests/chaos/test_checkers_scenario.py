@@ -12,8 +12,15 @@ from typing import Any
 import pytest
 
 from testbed.clock import LiveClock
-from testbed.config import CheckerConfig, NemesisEvent, Scenario
 from testbed.metrics.records import HistoryEvent, RequestRecord
+from testbed.nemesis import (
+    NemesisPlayer,
+    burst_requests,
+    instance_ids,
+    plan_faults,
+)
+from testbed.nemesis.actions.kill import KillAction
+from testbed.nemesis.actions.partition import PartitionAction
 from testbed.scenario.checkers import (
     check_failures,
     check_generator_count,
@@ -22,12 +29,7 @@ from testbed.scenario.checkers import (
     check_reroute,
     run_checkers,
 )
-from testbed.scenario.nemesis import (
-    NemesisPlayer,
-    burst_requests,
-    instance_ids,
-    plan_faults,
-)
+from testbed.scenario.schema import CheckerConfig, Scenario
 from testbed.workload.generate import RequestSpec
 from tests.chaos.harness import chaos_variant
 
@@ -155,9 +157,7 @@ def test_plan_rejects_unknown_instances_and_link_faults_without_a_link() -> None
     from testbed.errors import ConfigError
 
     sc = chaos_variant("decode-crash")
-    bad = sc.model_copy(
-        update={"nemesis": [NemesisEvent(action="kill", at=1, target="local-decode-7")]}
-    )
+    bad = sc.model_copy(update={"nemesis": [KillAction(at=1, target="local-decode-7")]})
     with pytest.raises(ConfigError, match=r"nemesis\.0\.target: no instance 'local-decode-7'"):
         plan_faults(bad, instance_ids(1, 1, 2), link_enabled=True)
     with pytest.raises(ConfigError, match="needs a cross-datacenter link"):
@@ -242,9 +242,7 @@ async def test_player_records_every_phase_and_survives_a_failing_fault() -> None
     # the pause at 15 s real (0.15 s wall) was not held up by the slow restart at 12 s
     assert calls[("pause", "local-prefill-0")] < 0.25
     # a link fault on a run without a link is recorded with its error, not raised
-    link_sc = sc.model_copy(
-        update={"nemesis": [NemesisEvent(action="partition", at=0, **{"for": 1})]}
-    )
+    link_sc = sc.model_copy(update={"nemesis": [PartitionAction(at=0, **{"for": 1})]})
     hist2: list[HistoryEvent] = []
     await NemesisPlayer(
         ctx, plan_faults(link_sc, [], link_enabled=True), hist2, ctx.clock.rebased()
@@ -317,7 +315,7 @@ def test_every_library_scenario_fails_its_checkers_when_every_request_fails() ->
     # issue #12 item 13: burst and paper had no checker, so a run in which every request
     # failed passed them. Each scenario's own checkers (not the built-ins, which hold when
     # every request fails with a reason) must catch it, starting with a `failures` bound.
-    from testbed.config import load_scenario
+    from testbed.scenario.schema import load_scenario
     from tests.chaos.harness import LIBRARY, SCENARIOS
 
     for name in LIBRARY:

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from testbed.config import CheckerConfig, NemesisEvent, load_scenario
 from testbed.errors import UserError
+from testbed.nemesis import check_timeline_fits
+from testbed.nemesis.actions.restart import RestartAction
 from testbed.scenario.checkers import checkers_fit
-from testbed.scenario.nemesis import check_timeline_fits
 from testbed.scenario.runner import RunOptions, prepare_run
+from testbed.scenario.schema import CheckerConfig, load_scenario
 from tests.chaos.harness import LIBRARY, ROOT, SCENARIOS, chaos_variant
 
 
@@ -53,7 +54,7 @@ def test_checkers_about_a_fault_the_timeline_lacks_are_refused() -> None:
     with pytest.raises(UserError, match=r"checkers\.0 \(ttft\) is about a 'bandwidth' fault"):
         _prepare("partition", checkers=during)
     restart = [CheckerConfig(check="recover", fault="restart", within=10, ttft=10)]
-    timeline = [NemesisEvent(action="restart", at=10, target="local-decode")]
+    timeline = [RestartAction(at=10, target="local-decode")]
     with pytest.raises(UserError, match=r"needs a 'restart' fault that ends"):
         _prepare("partition", checkers=restart, nemesis=timeline)
     with pytest.raises(UserError, match=r"throughput\) measures until 600s, past .* 300s"):

@@ -13,8 +13,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from testbed.config import load_scenario
 from testbed.scenario.runner import RunOptions, _Run, prepare_run
+from testbed.scenario.schema import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "data" / "tiny.yaml"

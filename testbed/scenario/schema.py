@@ -1,115 +1,64 @@
-"""The scenario model: deployments, workload, policy, nemesis timeline and checkers, and its loader.
+"""The scenario file: its model (deployments, workload, policy, nemesis timeline, checkers, run
+length) and its loader.
 
-Every error names the file and the field or line, because that is what a person needs to fix it.
+The `nemesis:` and `checkers:` entries are tagged unions of what is registered
+(testbed.nemesis.ACTIONS, testbed.checkers.CHECKERS), built when this module is imported, so a
+new fault or checker is one file and no list here changes. That is why the model sits with the
+runner rather than in testbed.config (below the nemesis and the checkers in the import layers).
+
+Every error is one line naming the file and the field (or the line, for YAML syntax), because
+that is what a person needs to fix it; `_describe` words the union cases the way a person thinks
+of them ("action 'kill' needs field 'target'").
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
-from testbed.config.base import Bandwidth, Duration, PositiveDuration, StrictModel
-from testbed.config.deployment import DeploymentConfig, ScaleConfig
-from testbed.config.files import load_yaml
-from testbed.config.policy import PlannerConfig, PolicyConfig, SloConfig
-from testbed.config.workload import FixedLengths, LognormalLengths, TraceLengths, WorkloadConfig
+from testbed.config import (
+    DeploymentConfig,
+    Duration,
+    FixedLengths,
+    LengthsConfig,
+    LognormalLengths,
+    PlannerConfig,
+    PolicyConfig,
+    PositiveDuration,
+    ScaleConfig,
+    SloConfig,
+    StrictModel,
+    TraceLengths,
+    WorkloadConfig,
+    literal_values,
+    load_yaml,
+)
 from testbed.engine.torch.config import TinyConfig
 from testbed.errors import ConfigError
+from testbed.nemesis import ACTIONS, NemesisEvent, nemesis_union
 
-__all__ = ["NEMESIS_TARGET_GROUPS", "CheckerConfig", "NemesisEvent", "Scenario", "load_scenario"]
+__all__ = ["CheckerConfig", "NemesisAction", "Scenario", "load_scenario"]
 
-
-NemesisActionName = Literal[
-    "bandwidth",
-    "latency",
-    "partition",
-    "reset_peer",
-    "slow_close",
-    "kill",
-    "pause",
-    "restart",
-    "burst",
-]
-
-# Which optional fields each nemesis action takes, and which of them it requires.
-_NEMESIS_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
-    "bandwidth": (frozenset({"bandwidth"}), frozenset({"bandwidth"})),
-    "latency": (frozenset({"rtt", "jitter"}), frozenset()),
-    "partition": (frozenset({"mode", "timeout"}), frozenset()),
-    "reset_peer": (frozenset({"timeout", "toxicity"}), frozenset()),
-    "slow_close": (frozenset({"delay", "toxicity"}), frozenset({"delay"})),
-    "kill": (frozenset({"target", "count"}), frozenset({"target"})),
-    "pause": (frozenset({"target", "count"}), frozenset({"target", "for_"})),
-    "restart": (frozenset({"target", "count"}), frozenset({"target"})),
-    "burst": (frozenset({"multiplier"}), frozenset({"multiplier", "for_"})),
-}
-_NEMESIS_OPTIONAL = frozenset(
-    {"for_", "target", "count", "bandwidth", "rtt", "jitter", "mode", "timeout", "delay"}
-    | {"toxicity", "multiplier"}
-)
-NEMESIS_TARGET_GROUPS = ("prfaas-prefill", "local-prefill", "local-decode")
-"""Process-fault targets: a group (`count` of its instances, picked from the seed) or one
-instance id such as `local-decode-1`."""
+if TYPE_CHECKING:
+    NemesisAction = NemesisEvent
+else:
+    NemesisAction = nemesis_union()
+"""One `nemesis:` entry: the registered actions' models, tagged by `action` (for a type
+checker, their base class)."""
 
 
-def _nemesis_target(value: str | None) -> str | None:
-    if value is None:
-        return None
-    base, _, index = value.rpartition("-")
-    if value in NEMESIS_TARGET_GROUPS or (base in NEMESIS_TARGET_GROUPS and index.isdigit()):
-        return value
-    raise ValueError(
-        f"unknown target {value!r}; use one of {', '.join(NEMESIS_TARGET_GROUPS)} "
-        f"or an instance id like 'local-decode-0'"
-    )
+def _known_action(name: str) -> str:
+    if name not in ACTIONS:
+        raise ValueError(f"unknown nemesis action {name!r}; known: {', '.join(ACTIONS)}")
+    return name
 
 
-class NemesisEvent(StrictModel):
-    """One fault on the nemesis timeline, in real-world seconds since the load started.
-
-    `at` is when it starts; `for` how long it lasts (then it is undone: the link restored, a
-    killed worker restarted, a paused one resumed). Without `for` a link fault or a kill is
-    permanent. Which fields an action takes: see docs/scenarios.md.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    action: NemesisActionName
-    at: Duration
-    for_: PositiveDuration | None = Field(None, alias="for")
-    target: Annotated[str | None, AfterValidator(_nemesis_target)] = None
-    count: int = Field(1, ge=1, le=1000)
-    bandwidth: Bandwidth | None = None
-    rtt: Duration | None = Field(None, description="latency: round-trip time added to the link")
-    jitter: Duration | None = None
-    mode: Literal["disable", "timeout"] = "disable"
-    timeout: Duration | None = None
-    delay: Duration | None = None
-    toxicity: float = Field(1.0, ge=0, le=1)
-    multiplier: float | None = Field(None, gt=1, le=100)
-
-    @model_validator(mode="after")
-    def _fields_fit_action(self) -> NemesisEvent:
-        allowed, required = _NEMESIS_FIELDS[self.action]
-        set_fields = self.model_fields_set & _NEMESIS_OPTIONAL
-        for name in sorted(set_fields - allowed - {"for_"}):
-            raise ValueError(f"field {name!r} does not apply to action {self.action!r}")
-        for name in sorted(required - set_fields):
-            shown = "for" if name == "for_" else name
-            raise ValueError(f"action {self.action!r} needs field {shown!r}")
-        if self.action == "latency" and self.rtt is None and self.jitter is None:
-            raise ValueError("action 'latency' needs 'rtt' or 'jitter'")
-        if self.action == "restart" and self.for_ is not None:
-            raise ValueError("action 'restart' is instantaneous; use 'kill' with 'for' instead")
-        if self.action == "partition" and self.mode == "disable" and self.timeout is not None:
-            raise ValueError("'timeout' applies to partition mode 'timeout' only")
-        return self
-
-    @property
-    def end(self) -> float | None:
-        return None if self.for_ is None else self.at + self.for_
+ActionName = Annotated[str, AfterValidator(_known_action)]
 
 
 CheckName = Literal[
@@ -142,11 +91,11 @@ class CheckerConfig(StrictModel):
     p: float = Field(90.0, gt=0, le=100)
     max: PositiveDuration | None = None
     max_fraction: float | None = Field(None, ge=0, le=1)
-    fault: NemesisActionName | None = None
+    fault: ActionName | None = None
     within: PositiveDuration | None = None
     ttft: PositiveDuration | None = None
     streak: int = Field(3, ge=1, le=1000)
-    during: NemesisActionName | None = None
+    during: ActionName | None = None
     after: Duration | None = None
     until: PositiveDuration | None = None
     min_fraction: float | None = Field(None, gt=0)
@@ -195,7 +144,7 @@ class Scenario(StrictModel):
     slo: SloConfig = Field(default_factory=SloConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
-    nemesis: list[NemesisEvent] = Field(default_factory=list)
+    nemesis: list[NemesisAction] = Field(default_factory=list)
     checkers: list[CheckerConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -242,22 +191,85 @@ class Scenario(StrictModel):
         return self
 
 
-def _format_validation_error(path: Path, exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"] if not _is_union_tag(p))
+@dataclass(frozen=True)
+class _Union:
+    """A tagged union of the scenario model, for wording its errors."""
+
+    tag: str
+    """The discriminator field ("kind", "action", "check")."""
+    tags: tuple[str, ...]
+    fields: frozenset[str]
+    """Every member's fields (by alias): one that a member lacks "does not apply" to it."""
+    entries: bool
+    """A list of entries (nemesis, checkers): a missing field is "<tag> 'x' needs field 'y'"."""
+
+
+def _union(members: Sequence[type[BaseModel]], tag: str, *, entries: bool) -> _Union:
+    tags = tuple(t for m in members for t in literal_values(m, tag))
+    fields = frozenset(f.alias or n for m in members for n, f in m.model_fields.items())
+    return _Union(tag, tags, fields, entries)
+
+
+_UNIONS: dict[str, _Union] = {
+    "lengths": _union(get_args(get_args(LengthsConfig)[0]), "kind", entries=False),
+    "nemesis": _union([f.config for f in ACTIONS.entries()], "action", entries=True),
+}
+"""The scenario's unions by the field that holds them."""
+
+
+def _owner(loc: Sequence[int | str], i: int) -> str | None:
+    """The field whose union (or list of unions) loc[i] is a member tag of, if any."""
+    prev = loc[i - 1] if i >= 1 else None
+    if isinstance(prev, int):
+        prev = loc[i - 2] if i >= 2 else None
+    return prev if isinstance(prev, str) else None
+
+
+def _describe(err: ErrorDetails) -> tuple[str, str]:
+    """(where, what) of one pydantic error: the dotted field path without union tags, and the
+    message."""
+    loc = list(err["loc"])
+    path: list[int | str] = []
+    union: _Union | None = None
+    tag, tag_at = "", -1
+    for i, part in enumerate(loc):
+        owner = _owner(loc, i)
+        u = _UNIONS.get(owner) if owner is not None else None
+        if u is not None and isinstance(part, str) and part in u.tags:
+            union, tag, tag_at = u, part, i
+            continue
+        path.append(part)
+    where = ".".join(str(p) for p in path)
+    kind = err["type"]
     msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        holder = loc[-2] if len(loc) > 1 and isinstance(loc[-1], int) else loc[-1] if loc else ""
+        u = _UNIONS.get(str(holder))
+        if u is not None:
+            if kind == "union_tag_not_found":
+                return f"{where}.{u.tag}", "missing field"
+            bad = (err.get("ctx") or {}).get("tag", "?")
+            return f"{where}.{u.tag}", f"unknown {u.tag} {bad!r}; known: {', '.join(u.tags)}"
+    if union is not None and union.entries and tag_at == len(loc) - 2:  # a field of an entry
+        entry = ".".join(str(p) for p in path[:-1])
+        name = path[-1]
+        if kind == "missing":
+            return entry, f"{union.tag} {tag!r} needs field {name!r}"
+        if kind == "extra_forbidden" and name in union.fields:
+            return entry, f"field {name!r} does not apply to {union.tag} {tag!r}"
+    if kind == "extra_forbidden":
         msg = "unknown field"
-    elif err["type"] == "missing":
+    elif kind == "missing":
         msg = "missing field"
+    return where, msg
+
+
+def _format_validation_error(path: Path, exc: ValidationError) -> str:
+    where, msg = _describe(exc.errors()[0])
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    if not loc:  # a check across fields: its message starts with the field to fix
+    if not where:  # a check across fields: its message starts with the field to fix
         return f"{path}: {msg}{more}"
-    return f"{path}: {loc}: {msg}{more}"
-
-
-def _is_union_tag(part: object) -> bool:
-    return isinstance(part, str) and part in ("lognormal", "trace", "fixed")
+    return f"{path}: {where}: {msg}{more}"
 
 
 def load_scenario(path: str | Path) -> Scenario:
