@@ -3,14 +3,14 @@ from pathlib import Path
 
 import pytest
 
-from testbed.metrics.records import RequestRecord
-from testbed.scenario.checkers import (
+from testbed.checkers import (
     CheckResult,
     check_kv_accounted,
     check_no_unverified_decode,
     check_nothing_lost,
     run_checkers,
 )
+from testbed.metrics.records import RequestRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,16 +132,16 @@ def _timed(i: int, arrival: float, ttft: float, last: float | None = None) -> Re
 
 
 def test_ttft_ratio_compares_with_the_window_before_the_fault() -> None:
+    from testbed.checkers import run_checker
+    from testbed.checkers.latency import LatencyCheck
     from testbed.metrics.records import HistoryEvent
-    from testbed.scenario.checkers import run_checker
-    from testbed.scenario.schema import CheckerConfig
 
     history = [
         HistoryEvent(60.0, "fault", {"action": "bandwidth", "phase": "start", "index": 0}),
         HistoryEvent(120.0, "fault", {"action": "bandwidth", "phase": "end", "index": 0}),
     ]
     before = [_timed(i, float(i), 2.0) for i in range(0, 60)]  # p90 2 s before the drop
-    cfg = CheckerConfig(check="ttft", p=90, during="bandwidth", max_ratio=2)
+    cfg = LatencyCheck(check="ttft", p=90, during="bandwidth", max_ratio=2)
     ok = [_timed(100 + i, 60.0 + i, 3.9) for i in range(60)]
     bad = [_timed(100 + i, 60.0 + i, 4.1) for i in range(60)]
     assert run_checker(cfg, before + ok, history, 120).ok
@@ -150,14 +150,14 @@ def test_ttft_ratio_compares_with_the_window_before_the_fault() -> None:
 
 
 def test_throughput_uses_the_optimum_after_the_shift() -> None:
+    from testbed.checkers import run_checker
+    from testbed.checkers.throughput import ThroughputCheck
     from testbed.metrics.records import HistoryEvent
-    from testbed.scenario.checkers import run_checker
-    from testbed.scenario.schema import CheckerConfig
 
     plan = HistoryEvent(
         0.0, "plan", {"lambda_max_rps": 4.0, "shift_at": 100.0, "shift_lambda_max_rps": 2.0}
     )
-    cfg = CheckerConfig(check="throughput", after=200, until=300, min_fraction=0.9)
+    cfg = ThroughputCheck(after=200, until=300, min_fraction=0.9)
     recs = [_timed(i, 150.0, 1.0, last=200.0 + i * 100 / n) for n in [185] for i in range(n)]
     assert run_checker(cfg, recs, [plan], len(recs)).ok  # 1.85 req/s >= 0.9 x 2.0
     res = run_checker(cfg, recs[:170], [plan], 170)  # 1.70 req/s
@@ -251,7 +251,7 @@ def test_cli_prints_a_vacuous_check_and_exits_0(
     async def fake_run(rp: object, opts: object, progress: object = None) -> RunResult:
         import json
 
-        from testbed.scenario.checkers import CheckResult
+        from testbed.checkers import CheckResult
 
         out = _partition_run(tmp_path / "run", quiet_during=True)
         summary = json.loads((out / "summary.json").read_text())

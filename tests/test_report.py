@@ -4,13 +4,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from testbed.checkers import run_checkers
 from testbed.clock import Scale
 from testbed.config import SloConfig
 from testbed.metrics.records import HistoryEvent, RequestRecord, Route
 from testbed.metrics.report import write_report
 from testbed.metrics.summary import summarize
 from testbed.metrics.timeline import write_timeline
-from testbed.scenario.checkers import run_checkers
 
 SLO = SloConfig(ttft="6s", decode_tokens_per_s=40)
 INSTANCES = [

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from testbed.checkers.result import CheckResult
 from testbed.metrics.files import atomic_write
-from testbed.scenario.checkers import CheckResult
 from testbed.units import format_size, format_tokens
 
 __all__ = ["render_report", "write_report"]

@@ -6,13 +6,14 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from testbed.checkers import run_checkers
 from testbed.clock import Scale
+from testbed.engine.torch.reference import TorchReference
 from testbed.metrics.files import atomic_write
 from testbed.metrics.records import HistoryEvent, RequestRecord, write_jsonl
 from testbed.metrics.report import write_report
 from testbed.metrics.summary import summarize
 from testbed.metrics.timeline import write_timeline
-from testbed.scenario.checkers import ModelRun, run_checkers
 
 if TYPE_CHECKING:
     from testbed.scenario.runner import RunOptions, RunPlan, RunResult
@@ -71,8 +72,8 @@ def write_results(
         history=history,
         configs=sc.checkers,
         planned=None if interrupted else len(rp.requests),
-        model_run=(
-            ModelRun(sc.seed, rp.deployment.tiny_model.seed, rp.deployment.tiny_model.dtype)
+        reference=(
+            TorchReference(sc.seed, rp.deployment.tiny_model.seed, rp.deployment.tiny_model.dtype)
             if rp.deployment.engine == "torch"
             else None
         ),

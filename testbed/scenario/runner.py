@@ -206,7 +206,7 @@ def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
     # Before any process starts: a fault or a checker this run cannot exercise is an error now,
     # not two failed (or vacuous) checkers afterwards.
     from testbed.nemesis import check_timeline_fits
-    from testbed.scenario.checkers import checkers_fit
+    from testbed.checkers import checkers_fit
 
     check_timeline_fits(scenario, duration)
     checkers_fit(scenario, duration)

@@ -16,14 +16,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
-from pydantic import AfterValidator, BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
+from testbed.checkers import CHECKERS, CheckerConfig, checker_union
 from testbed.config import (
     DeploymentConfig,
-    Duration,
     FixedLengths,
     LengthsConfig,
     LognormalLengths,
@@ -42,92 +42,16 @@ from testbed.engine.torch.config import TinyConfig
 from testbed.errors import ConfigError
 from testbed.nemesis import ACTIONS, NemesisEvent, nemesis_union
 
-__all__ = ["CheckerConfig", "NemesisAction", "Scenario", "load_scenario"]
+__all__ = ["CheckerAction", "NemesisAction", "Scenario", "load_scenario"]
 
 if TYPE_CHECKING:
     NemesisAction = NemesisEvent
+    CheckerAction = CheckerConfig
 else:
     NemesisAction = nemesis_union()
-"""One `nemesis:` entry: the registered actions' models, tagged by `action` (for a type
-checker, their base class)."""
-
-
-def _known_action(name: str) -> str:
-    if name not in ACTIONS:
-        raise ValueError(f"unknown nemesis action {name!r}; known: {', '.join(ACTIONS)}")
-    return name
-
-
-ActionName = Annotated[str, AfterValidator(_known_action)]
-
-
-CheckName = Literal[
-    "ttft", "tpot", "e2e", "reroute", "recover", "failures", "token_exact", "throughput"
-]
-
-
-class CheckerConfig(StrictModel):
-    """A checker beyond the three built-in invariants (which always run).
-
-    - ttft / tpot / e2e: percentile `p` of completed requests is at most `max` (only requests
-      arriving while a `during` fault is in force, if given), or at most `max_ratio` x the same
-      percentile before the fault.
-    - failures: at most `max_fraction` of submitted requests failed (with a reason).
-    - reroute: after each `fault` (a nemesis action) starts, a request that avoids the faulty
-      target starts prefill within `within` (vacuous if no request needed re-routing).
-    - recover: after each `fault` ends, TTFT is back under `ttft` (for `streak` consecutive
-      requests by arrival) within `within` (vacuous if the fault never ended in the run or
-      fewer than `streak` requests arrived after it).
-    - throughput: requests completed per second (by last token) in [`after`, `until`] is at
-      least `min_fraction` of the planner's lambda_max for the workload in force at `after`
-      (after a `workload.shift`: the new optimum, PD split free).
-    - token_exact (`engine: torch` only): every completed request's token ids equal a
-      single-process generation of the same prompt (recomputed after the run).
-
-    A check with nothing to judge is vacuous (testbed.scenario.checkers), not passed.
-    """
-
-    check: CheckName
-    p: float = Field(90.0, gt=0, le=100)
-    max: PositiveDuration | None = None
-    max_fraction: float | None = Field(None, ge=0, le=1)
-    fault: ActionName | None = None
-    within: PositiveDuration | None = None
-    ttft: PositiveDuration | None = None
-    streak: int = Field(3, ge=1, le=1000)
-    during: ActionName | None = None
-    after: Duration | None = None
-    until: PositiveDuration | None = None
-    min_fraction: float | None = Field(None, gt=0)
-    max_ratio: float | None = Field(None, gt=0)
-    """ttft/tpot/e2e with `during`: the bound is max_ratio x the same percentile over the
-    requests that arrived in an equally long window just before the first such fault."""
-
-    @model_validator(mode="after")
-    def _fields_fit_check(self) -> CheckerConfig:
-        if self.during is not None and self.check not in ("ttft", "tpot", "e2e"):
-            raise ValueError("'during' applies to the ttft, tpot and e2e checks only")
-        if self.check in ("ttft", "tpot", "e2e"):
-            if (self.max is None) == (self.max_ratio is None):
-                raise ValueError(f"check {self.check!r} needs exactly one of 'max', 'max_ratio'")
-            if self.max_ratio is not None and self.during is None:
-                raise ValueError("'max_ratio' compares with the time before a fault: set 'during'")
-        elif self.max_ratio is not None:
-            raise ValueError("'max_ratio' applies to the ttft, tpot and e2e checks only")
-        need = {
-            "ttft": (),
-            "tpot": (),
-            "e2e": (),
-            "failures": ("max_fraction",),
-            "reroute": ("fault", "within"),
-            "recover": ("fault", "within", "ttft"),
-            "token_exact": (),
-            "throughput": ("after", "until", "min_fraction"),
-        }[self.check]
-        for name in need:
-            if getattr(self, name) is None:
-                raise ValueError(f"check {self.check!r} needs field {name!r}")
-        return self
+    CheckerAction = checker_union()
+"""One `nemesis:` / `checkers:` entry: the registered models, tagged by `action` / `check`
+(for a type checker, their base class)."""
 
 
 class Scenario(StrictModel):
@@ -145,7 +69,7 @@ class Scenario(StrictModel):
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
     nemesis: list[NemesisAction] = Field(default_factory=list)
-    checkers: list[CheckerConfig] = Field(default_factory=list)
+    checkers: list[CheckerAction] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _deployment_exists(self) -> Scenario:
@@ -213,6 +137,7 @@ def _union(members: Sequence[type[BaseModel]], tag: str, *, entries: bool) -> _U
 _UNIONS: dict[str, _Union] = {
     "lengths": _union(get_args(get_args(LengthsConfig)[0]), "kind", entries=False),
     "nemesis": _union([f.config for f in ACTIONS.entries()], "action", entries=True),
+    "checkers": _union([c.config for c in CHECKERS.entries()], "check", entries=True),
 }
 """The scenario's unions by the field that holds them."""
 

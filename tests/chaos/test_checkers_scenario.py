@@ -11,6 +11,16 @@ from typing import Any
 
 import pytest
 
+from testbed.checkers import (
+    check_failures,
+    check_generator_count,
+    check_latency,
+    check_recover,
+    check_reroute,
+    run_checkers,
+)
+from testbed.checkers.failures import FailuresCheck
+from testbed.checkers.latency import LatencyCheck
 from testbed.clock import LiveClock
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.nemesis import (
@@ -21,15 +31,7 @@ from testbed.nemesis import (
 )
 from testbed.nemesis.actions.kill import KillAction
 from testbed.nemesis.actions.partition import PartitionAction
-from testbed.scenario.checkers import (
-    check_failures,
-    check_generator_count,
-    check_latency,
-    check_recover,
-    check_reroute,
-    run_checkers,
-)
-from testbed.scenario.schema import CheckerConfig, Scenario
+from testbed.scenario.schema import Scenario
 from testbed.workload.generate import RequestSpec
 from tests.chaos.harness import chaos_variant
 
@@ -129,8 +131,8 @@ def test_latency_failures_and_generator_count() -> None:
     assert check_generator_count(100, ids).ok
     assert not check_generator_count(101, ids).ok  # a request the generator planned vanished
     cfgs = [
-        CheckerConfig(check="ttft", p=90, max=11.0),
-        CheckerConfig(check="failures", max_fraction=0),
+        LatencyCheck(check="ttft", p=90, max=11.0),
+        FailuresCheck(max_fraction=0),
     ]
     results = run_checkers(records, ids, history=[], configs=cfgs, planned=100)
     assert [c.name for c in results][-2:] == ["ttft_p90", "failures"]

@@ -10,12 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from testbed.checkers import checkers_fit
+from testbed.checkers.latency import LatencyCheck
+from testbed.checkers.recover import RecoverCheck
+from testbed.checkers.reroute import RerouteCheck
 from testbed.errors import UserError
 from testbed.nemesis import check_timeline_fits
 from testbed.nemesis.actions.restart import RestartAction
-from testbed.scenario.checkers import checkers_fit
 from testbed.scenario.runner import RunOptions, prepare_run
-from testbed.scenario.schema import CheckerConfig, load_scenario
+from testbed.scenario.schema import load_scenario
 from tests.chaos.harness import LIBRARY, ROOT, SCENARIOS, chaos_variant
 
 
@@ -47,13 +50,13 @@ def test_a_fault_that_starts_inside_the_run_may_end_past_it() -> None:
 
 
 def test_checkers_about_a_fault_the_timeline_lacks_are_refused() -> None:
-    no_fault = [CheckerConfig(check="reroute", fault="kill", within=10)]
+    no_fault = [RerouteCheck(fault="kill", within=10)]
     with pytest.raises(UserError, match=r"checkers\.0 \(reroute\) is about a 'kill' fault"):
         _prepare("partition", checkers=no_fault)
-    during = [CheckerConfig(check="ttft", during="bandwidth", max_ratio=2)]
+    during = [LatencyCheck(check="ttft", during="bandwidth", max_ratio=2)]
     with pytest.raises(UserError, match=r"checkers\.0 \(ttft\) is about a 'bandwidth' fault"):
         _prepare("partition", checkers=during)
-    restart = [CheckerConfig(check="recover", fault="restart", within=10, ttft=10)]
+    restart = [RecoverCheck(fault="restart", within=10, ttft=10)]
     timeline = [RestartAction(at=10, target="local-decode")]
     with pytest.raises(UserError, match=r"needs a 'restart' fault that ends"):
         _prepare("partition", checkers=restart, nemesis=timeline)
