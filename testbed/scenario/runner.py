@@ -205,8 +205,8 @@ def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
     duration = opts.duration_s if opts.duration_s is not None else scenario.duration
     # Before any process starts: a fault or a checker this run cannot exercise is an error now,
     # not two failed (or vacuous) checkers afterwards.
-    from testbed.nemesis import check_timeline_fits
     from testbed.checkers import checkers_fit
+    from testbed.nemesis import check_timeline_fits
 
     check_timeline_fits(scenario, duration)
     checkers_fit(scenario, duration)
