@@ -45,9 +45,7 @@ class PrefillJob:
 class PrefillState(PrefillQueue[PrefillJob]):
     def __init__(self, spec: ServiceSpec) -> None:
         super().__init__(spec)
-        self.engine = PrefillEngine(
-            MODELS[spec.model], spec.hardware, self.clock, spec.byte_scale
-        )
+        self.engine = PrefillEngine(MODELS[spec.model], spec.hardware, self.clock, spec.byte_scale)
         self.payload = PayloadSource(seed=hash(spec.id) & 0xFFFF)
 
     def job_tokens(self, job: PrefillJob) -> int:

@@ -166,7 +166,6 @@ class TorchDecodeState:
 STATE = web.AppKey("state", TorchDecodeState)
 
 
-
 def _when(mono: float | None) -> float:
     """A slot's token instant (set once it produced a token; a finished slot has both)."""
     assert mono is not None, "a finished decode slot has token times"
