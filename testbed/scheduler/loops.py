@@ -352,7 +352,7 @@ class ControlLoops:
                 if clock.now() > deadline:
                     state.record("switch_failed", instance=inst.id, reason="drain timed out")
                     return False
-                await asyncio.sleep(DRAIN_POLL_S)
+                await clock.sleep(clock.real(DRAIN_POLL_S))
             drained = clock.now()
             if not await self.cluster.switch_role(inst.id, role, self.long.role_switch):
                 state.record("switch_failed", instance=inst.id, reason="role switch refused")
