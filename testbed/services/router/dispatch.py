@@ -4,9 +4,10 @@ retry what failed elsewhere, and keep the load accounting the policy and the sch
 For each attempt it opens the decode stream first (the decode instance starts waiting for KV)
 and then asks the chosen prefill instance to prefill and send KV to that decode instance, through
 the link proxy when the two sit in different datacenters. It keeps its own count of outstanding
-work per instance, which is the load signal the policy sees. The scheduler's state (threshold,
-scarcity, draining set: scheduler.state) is read from the control loops (scheduler.loops), which
-see this object through `scheduler.cluster.Cluster`.
+work per instance, which is the load signal the policy sees. The policy's other inputs (the
+threshold, the scarcity verdict) and the instances being drained come from the scheduler's state
+(scheduler.state), which the control loops (scheduler.loops) write; the loops see this object
+through `scheduler.cluster.Cluster`.
 """
 
 from __future__ import annotations
