@@ -108,6 +108,11 @@ class LiveClock:
     def wall_until(self, real_t: float) -> float:
         return self.mono(real_t) - time.monotonic()
 
+    def reading(self, t: float, on: LiveClock) -> float:
+        """This clock's time for real-world time `t` read on clock `on` (another epoch, say
+        the services' while this is the load's): the one conversion between two run clocks."""
+        return self.at(on.mono(t))
+
     def rebased(self, epoch: float | None = None) -> LiveClock:
         """The same pace from a new epoch (default: now)."""
         return LiveClock(epoch, self._k)

@@ -53,6 +53,8 @@ __all__ = ["RunOptions", "RunResult", "prepare_run", "run_scenario"]
 
 SAMPLE_INTERVAL_S = 0.25
 """Wall seconds between samples of queues and link throughput."""
+EVENTS_GRACE_S = 5.0
+"""Wall seconds the runner waits, at the end, for the router's last events to reach it."""
 
 # Shift applied to every time field of a record when the run clock is re-based.
 _TIME_FIELDS = (
@@ -249,11 +251,11 @@ def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
     return rp
 
 
-def _shift(rec: RequestRecord, offset: float) -> RequestRecord:
+def _shift(rec: RequestRecord, to_load: Callable[[float], float]) -> RequestRecord:
     for name in _TIME_FIELDS:
         v = getattr(rec, name)
         if v is not None:
-            setattr(rec, name, v - offset)
+            setattr(rec, name, to_load(v))
     return rec
 
 
@@ -280,6 +282,8 @@ class _Run:
         self.interrupted = False
         self.signal: int | None = None
         self.notes: list[str] = []
+        self.events_seen = 0
+        """Highest `seq` of the router's events in the history (scheduler.state)."""
 
     def journal_to(self, out_dir: Path) -> None:
         """Append records and history events to their files as they happen (see `_History`)."""
@@ -297,10 +301,9 @@ class _Run:
         if self.record_journal is not None:
             self.record_journal.append(rec.to_json())
 
-    @property
-    def load_offset(self) -> float:
-        """Real-world seconds from the services' 0 to the load's (records come back on theirs)."""
-        return self.service_clock.at(self.clock.epoch)
+    def load_time(self, t: float) -> float:
+        """A time on the services' clock (records, router events) on the load's clock."""
+        return self.clock.reading(t, self.service_clock)
 
     def _spec(self, role: str, sid: str, cluster: str, hardware: str) -> ServiceSpec:
         dep = self.rp.deployment
@@ -405,15 +408,15 @@ class _Run:
         if get_policy(self.rp.policy).replans:
             sc = self.rp.scenario
             router_spec.scheduler = SchedulerSpec(
-                deployment=dep.model_dump(mode="json"),
-                lengths=sc.workload.lengths.model_dump(mode="json"),
+                deployment=dep,
+                lengths=sc.workload.lengths,
                 output_tokens=sc.workload.output_tokens,
                 tpot_slo_s=sc.slo.tpot,
                 threshold_step=sc.planner.threshold_step,
                 n_prefill=self.rp.n_prefill,
                 interval_s=sc.policy.short_term.interval,
-                short_term=sc.policy.short_term.model_dump(mode="json"),
-                long_term=sc.policy.long_term.model_dump(mode="json") if switchable else None,
+                short_term=sc.policy.short_term,
+                long_term=sc.policy.long_term if switchable else None,
                 n_local=dep.local.instances,
             )
         self.router = (await self._start_all([router_spec]))[0]
@@ -442,7 +445,6 @@ class _Run:
         }
         if req.hash_ids:  # prompt blocks, for the router's prefix cache (kvcache.manager)
             body["hash_ids"] = list(req.hash_ids)
-        offset = self.load_offset
         try:
             async with session.post(f"{self.router.url}/generate", json=body) as resp:
                 if resp.status != 200:
@@ -450,7 +452,7 @@ class _Run:
                 async for line in resp.content:
                     if line.startswith(b'{"record"'):
                         doc = json.loads(line)["record"]
-                        self._record(_shift(RequestRecord.from_json(doc), offset))
+                        self._record(_shift(RequestRecord.from_json(doc), self.load_time))
                         return
             raise RuntimeError("router stream ended without a record")
         except asyncio.CancelledError:
@@ -480,8 +482,8 @@ class _Run:
             )
 
     async def _sample(self, session: aiohttp.ClientSession) -> None:
+        """Queue depths (the router's /stats) and link samples every SAMPLE_INTERVAL_S."""
         assert self.router is not None
-        last_policy: tuple[object, object] = (self.rp.threshold_tokens, False)
         while True:
             t = self.clock.now()
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
@@ -498,20 +500,6 @@ class _Run:
                                 "cluster": inst["cluster"],
                                 "role": inst["role"],
                                 "depth": inst["outstanding"],
-                            },
-                        )
-                    )
-                policy = (stats.get("threshold_tokens"), stats.get("bandwidth_scarce"))
-                if policy != last_policy:
-                    last_policy = policy
-                    self.history.append(
-                        HistoryEvent(
-                            t,
-                            "policy",
-                            {
-                                "threshold_tokens": policy[0],
-                                "bandwidth_scarce": policy[1],
-                                "bandwidth_estimate_gbps": stats.get("bandwidth_estimate_gbps"),
                             },
                         )
                     )
@@ -550,6 +538,7 @@ class _Run:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             sampler = asyncio.create_task(self._sample(session))
+            follower = asyncio.create_task(self._scheduler_events(session))
             nemesis = asyncio.create_task(
                 NemesisPlayer(self, self.rp.faults, self.history, self.clock).run()
             )
@@ -577,22 +566,49 @@ class _Run:
                 with contextlib.suppress(asyncio.CancelledError):
                     await sampler
                 await stop_player(nemesis)
-                await self._scheduler_events(session)
+                await self._end_events(session, follower)
                 await self._engine_stats(session)
             on_progress(len(self.records), len(self.submitted))
 
     async def _scheduler_events(self, session: aiohttp.ClientSession) -> None:
-        """Copy the router's scheduler decisions (GET /scheduler) into the history."""
-        if self.router is None or not get_policy(self.rp.policy).replans:
-            return
-        offset = self.load_offset
-        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
-            async with asyncio.timeout(5):
-                async with session.get(f"{self.router.url}/scheduler") as resp:
-                    events = await resp.json()
-            for ev in events:  # kinds: threshold, split_check, drain, switched, split, ...
-                t = float(ev.pop("t")) - offset
-                self.history.append(HistoryEvent(t, str(ev.pop("kind")), ev))
+        """Follow the router's event stream (GET /events) into the history as it happens:
+        scheduler decisions (threshold, split_check, drain, switched, split, ...) and policy
+        changes, each on the load's clock. A broken stream resumes after the last event seen;
+        a policy line that repeats the inputs in force is not recorded again."""
+        assert self.router is not None
+        last_policy: tuple[object, object] = (self.rp.threshold_tokens, False)
+        while True:  # ends when cancelled (_end_events)
+            with contextlib.suppress(aiohttp.ClientError, ValueError, KeyError, TypeError):
+                url = f"{self.router.url}/events"
+                async with session.get(url, params={"after": self.events_seen}) as resp:
+                    async for line in resp.content:
+                        doc = json.loads(line)
+                        seq, kind = int(doc.pop("seq")), str(doc.pop("kind"))
+                        t = self.load_time(float(doc.pop("t")))
+                        if kind == "policy":
+                            policy = (doc.get("threshold_tokens"), doc.get("bandwidth_scarce"))
+                            if policy != last_policy:
+                                last_policy = policy
+                                self.history.append(HistoryEvent(t, kind, doc))
+                        elif seq > self.events_seen:
+                            self.history.append(HistoryEvent(t, kind, doc))
+                        self.events_seen = max(self.events_seen, seq)
+            await asyncio.sleep(SAMPLE_INTERVAL_S)
+
+    async def _end_events(
+        self, session: aiohttp.ClientSession, follower: asyncio.Task[None]
+    ) -> None:
+        """Stop following the router's events once every event it made so far is in the
+        history (its /stats says how many; bounded), then order the history by time."""
+        assert self.router is not None
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, KeyError):
+            async with asyncio.timeout(EVENTS_GRACE_S):
+                async with session.get(f"{self.router.url}/stats") as resp:
+                    made = int((await resp.json())["events_seq"])
+                while self.events_seen < made and not follower.done():
+                    await asyncio.sleep(0.05)
+        follower.cancel()
+        await asyncio.gather(follower, return_exceptions=True)
         self.history.sort(key=lambda e: e.t)
 
     async def _engine_stats(self, session: aiohttp.ClientSession) -> None:

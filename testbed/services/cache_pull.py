@@ -53,7 +53,6 @@ class PrefixSource(Protocol):
     """What a prefill worker offers to send a cached prefix."""
 
     spec: ServiceSpec
-    payload: PayloadSource
     targets: KVTargets
 
     async def sender(self, target: tuple[str, int]) -> KVSender: ...
@@ -66,9 +65,10 @@ class PrefixSink(Protocol):
     receiver: KVReceiver
 
 
-def send_handler(key: web.AppKey[Any]) -> Any:
+def send_handler(key: web.AppKey[Any], payload: PayloadSource) -> Any:
     """`POST /prefix/send {id, tokens, kv_host, kv_port}` on a prefill worker: send S_kv(tokens)
-    of a cached prefix to a KV receiver now; answers with the wire bytes sent."""
+    of a cached prefix (bytes from `payload`) to a KV receiver now; answers with the wire bytes
+    sent."""
 
     async def handler(request: web.Request) -> web.Response:
         state: PrefixSource = request.app[key]
@@ -83,7 +83,7 @@ def send_handler(key: web.AppKey[Any]) -> Any:
             sender = await state.sender(target)
             async with sender.open(rid, sizes) as tx:
                 for layer, nbytes in enumerate(sizes):
-                    await tx.send_layer(layer, state.payload.layer(rid, layer, nbytes))
+                    await tx.send_layer(layer, payload.layer(rid, layer, nbytes))
                     sent += nbytes
         except (TransferError, OSError, TimeoutError) as exc:
             reason = exc.reason if isinstance(exc, TransferError) else repr(exc)

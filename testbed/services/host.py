@@ -59,19 +59,13 @@ async def serve(
     await http.close()
 
 
-def _factory(role: str, engine: str = "emulated") -> AppFactory:
+def _factory(role: str) -> AppFactory:
+    """The app of a role; prefill and decode pick their engine from the spec
+    (services.engines)."""
     if role == "router":
         from testbed.services.router import create_app as router_app
 
         return router_app
-    if engine == "torch" and role in ("prefill", "decode"):  # the tiny real model, same API
-        if role == "prefill":
-            from testbed.services.torch_prefill import create_app as torch_prefill_app
-
-            return torch_prefill_app
-        from testbed.services.torch_decode import create_app as torch_decode_app
-
-        return torch_decode_app
     if role == "pd":
         from testbed.services.pd import create_app as pd_app
 
@@ -99,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         runner = asyncio.run
     with contextlib.suppress(KeyboardInterrupt):
-        runner(serve(spec, _factory(spec.role, spec.engine)))
+        runner(serve(spec, _factory(spec.role)))
     return 0
 
 

@@ -1,7 +1,8 @@
 """A local PD instance that the long-term loop can move between the prefill and decode roles.
 
 One process holds both a prefill worker (mounted at `/prefill-role`) and a decode worker
-(mounted at `/decode-role`, with its KV receiver), but serves only its active role: work sent to
+(mounted at `/decode-role`, with its KV receiver), both services/prefill.py and decode.py on the
+spec's engine, but serves only its active role: work sent to
 the other one is refused with 409. `POST /role {"role": ...}` switches it, the equivalent of
 restarting the engine in the other role with its weights still in memory:
 
@@ -64,10 +65,11 @@ class RoleState:
                 )
         elif self.active == "decode":
             d = self.decode
-            if d.waiting_kv or d.batcher.active or d.batcher.waiting:
+            active, waiting = d.engine.active(), d.engine.waiting()
+            if d.waiting_kv or active or waiting:
                 return (
-                    f"decode busy: {d.waiting_kv} waiting for KV, {len(d.batcher.active)} "
-                    f"active, {len(d.batcher.waiting)} waiting"
+                    f"decode busy: {d.waiting_kv} waiting for KV, {active} active, "
+                    f"{waiting} waiting"
                 )
         return None
 
@@ -133,8 +135,8 @@ async def _stats(request: web.Request) -> web.Response:
     """Both roles' engine timing (`prefill_engine`, `decode_engine`); `engine`, which the report
     lists per instance, is the one of the role that ran more steps."""
     state = request.app[STATE]
-    p = state.prefill.engine.timing.stats()
-    d = state.decode.batcher.timing.stats()
+    p = state.prefill.engine.stats()
+    d = state.decode.engine.stats()
     engine = p if p.get("steps", 0) >= d.get("steps", 0) else d
     return web.json_response(
         {

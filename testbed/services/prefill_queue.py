@@ -1,7 +1,7 @@
 """What every prefill worker shares, whatever its engine: a FIFO of jobs run one at a time, KV
 senders per decode address, the transfers still streaming, the counters `/stats` reports, and
-the shutdown. The emulated worker (services/prefill.py) and the torch one
-(services/torch_prefill.py) differ only in how a job is prefilled and what its KV is.
+the shutdown. The prefill worker (services/prefill.py) adds the request's fields and the
+engine adapter (services/engines), which says how a job is prefilled and what its KV is.
 """
 
 from __future__ import annotations

@@ -6,9 +6,11 @@ Passed as one JSON argument so the local and compose substrates start services t
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from testbed.scheduler.spec import SchedulerSpec
 
 __all__ = ["InstanceInfo", "SchedulerSpec", "ServiceSpec"]
 
@@ -30,27 +32,6 @@ class InstanceInfo(BaseModel):
     kv_link_host: str | None = None
     """Where cross-datacenter senders reach this decode instance's KV port (the link proxy)."""
     kv_link_port: int | None = None
-
-
-class SchedulerSpec(BaseModel):
-    """What the router's short-term loop needs to re-run the planner: the deployment, the
-    length distribution and the SLO, as plain JSON (quantities in SI units)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    deployment: dict[str, Any]
-    lengths: dict[str, Any]
-    output_tokens: float
-    tpot_slo_s: float
-    threshold_step: float
-    n_prefill: int
-    interval_s: float = 1.0
-    """Real-world seconds between samples of the PrfaaS senders."""
-    short_term: dict[str, Any] = Field(default_factory=dict)
-    """config.ShortTermConfig as JSON."""
-    long_term: dict[str, Any] | None = None
-    """config.LongTermConfig as JSON; None: no role conversion (the prfaas-nolongterm ablation)."""
-    n_local: int = 0
 
 
 class ServiceSpec(BaseModel):
@@ -79,8 +60,8 @@ class ServiceSpec(BaseModel):
     deployment's decode KV ports and link routes (services/kv_targets.py). None: not known when
     it starts (pd instances start with the decode ones); the first POST /targets sets them."""
     engine: Literal["emulated", "torch"] = "emulated"
-    """torch: prefill and decode run the tiny real model (testbed.services.torch_prefill /
-    torch_decode); the router sends token ids and records the generated ones."""
+    """torch: prefill and decode run the tiny real model (testbed.services.engines.torch); the
+    router sends token ids and records the generated ones."""
     model_seed: int = 0
     model_dtype: Literal["float32", "float64"] = "float32"
     """The tiny model's weights seed and dtype: every process of a run must build the same."""

@@ -3,7 +3,9 @@
 `json_errors` is an aiohttp middleware that turns aiohttp's own HTTP errors (404, 405, 413 for
 an oversized body, ...) into JSON bodies `{"error": "..."}` as the handlers' own errors are.
 `int_field` / `str_field` read one field strictly (no bools, no fractions, no NaN/inf, no
-numeric strings) within bounds.
+numeric strings) within bounds. Errors are `BadRequest` (`{"error": "..."}`) unless the caller
+passes another `error` factory: the router answers in the OpenAI error shape
+(services.router.openai).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from aiohttp import web
 
 __all__ = [
     "BadRequest",
+    "ErrorFactory",
     "int_field",
     "json_body",
     "json_errors",
@@ -25,6 +28,8 @@ __all__ = [
 ]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+ErrorFactory = Callable[[str], web.HTTPException]
+"""Builds the 4xx error a message is answered with."""
 
 
 class BadRequest(web.HTTPBadRequest):
@@ -52,12 +57,12 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     return body
 
 
-async def json_body(request: web.Request) -> dict[str, Any]:
+async def json_body(request: web.Request, error: ErrorFactory = BadRequest) -> dict[str, Any]:
     """The request's JSON object body, or a 400."""
     try:
         return parse_json_object(await request.read())
     except ValueError as exc:
-        raise BadRequest(str(exc)) from None
+        raise error(str(exc)) from None
 
 
 def _show(v: Any) -> str:
@@ -66,17 +71,28 @@ def _show(v: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def int_field(body: dict[str, Any], key: str, lo: int, hi: int) -> int:
-    """An integer field in [lo, hi]: a JSON integer (or a float with an integral value)."""
+def int_field(
+    body: dict[str, Any],
+    key: str,
+    lo: int,
+    hi: int,
+    *,
+    default: int | None = None,
+    error: ErrorFactory = BadRequest,
+) -> int:
+    """An integer field in [lo, hi]: a JSON integer (or a float with an integral value);
+    `default` when the field is absent (an explicit null is still an error)."""
     if key not in body:
-        raise BadRequest(f"{key} is required")
+        if default is not None:
+            return default
+        raise error(f"{key} is required")
     v = body[key]
     if isinstance(v, bool) or not isinstance(v, int | float):
-        raise BadRequest(f"{key} must be an integer, got {_show(v)}")
+        raise error(f"{key} must be an integer, got {_show(v)}")
     if isinstance(v, float) and (not math.isfinite(v) or v != int(v)):
-        raise BadRequest(f"{key} must be an integer, got {v!r}")
+        raise error(f"{key} must be an integer, got {v!r}")
     if not lo <= v <= hi:  # exact for ints of any size: no float conversion
-        raise BadRequest(f"{key} must be between {lo} and {hi}, got {_show(v)}")
+        raise error(f"{key} must be between {lo} and {hi}, got {_show(v)}")
     return int(v)
 
 

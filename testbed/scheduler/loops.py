@@ -1,9 +1,12 @@
-"""The router's scheduler loops: the short-term threshold loop and the long-term role loop.
+"""The scheduler's control loops: the short-term threshold loop and the long-term role loop.
 
 Both feed pure controllers (`scheduler.shortterm`, `scheduler.longterm`) with what the running
-system shows and apply their decisions to the router's state; every decision (and the signals
-behind it) is appended to `state.events`, which the router serves at `GET /scheduler` and the
-scenario runner copies into the run's history.
+system shows and put their decisions in the scheduler's state (`scheduler.state`), which the
+router reads; every decision (and the signals behind it) is an event of that state, which the
+router streams into the run's history.
+
+What they see of the router is `scheduler.cluster.Cluster`: the instances, the router's load
+accounting and two calls (a sender's counters, a role switch). They never import a service.
 
 The planner's workload input is the *observed* input lengths of the requests that arrived in the
 last `long_term.window` (`short_term` uses the same window), once there are `min_samples` of
@@ -14,63 +17,57 @@ follow a shift in traffic rather than the distribution the run was started with.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 from collections import deque
-from typing import TYPE_CHECKING, Any
 
-import aiohttp
-from pydantic import TypeAdapter
-
-from testbed.config import DeploymentConfig, LengthsConfig, LongTermConfig, ShortTermConfig
+from testbed.clock import Clock, Scale
+from testbed.config import LongTermConfig
 from testbed.planner import PlanInputs, StagePlan, plan_deployment
 from testbed.profiles import MODELS
 from testbed.scheduler.balance import QueueBalance
 from testbed.scheduler.bandwidth import LinkEstimator, LinkSample
+from testbed.scheduler.cluster import Cluster, InstanceView, Role
 from testbed.scheduler.longterm import LongTermController, StagePressure
 from testbed.scheduler.shortterm import ThresholdController
-from testbed.services.pd import DECODE_PREFIX, PREFILL_PREFIX
-from testbed.services.spec import InstanceInfo
+from testbed.scheduler.spec import SchedulerSpec
+from testbed.scheduler.state import SchedulerState
 from testbed.workload.build import length_distribution
 from testbed.workload.lengths import EmpiricalLengths, LengthDistribution
 
-if TYPE_CHECKING:
-    from testbed.services.router import RouterState
-
-__all__ = ["ControlLoops", "role_view"]
+__all__ = ["DRAIN_POLL_S", "ControlLoops"]
 
 MAX_OBSERVED = 5000
 """Cap on remembered arrivals (a 30 s window at 100+ req/s is far beyond any scenario here)."""
-
-
-def role_view(info: InstanceInfo, role: str) -> InstanceInfo:
-    """The router's view of a switchable PD instance serving `role`: its URL points at the
-    role's mount in services/pd.py, so every call the router makes reaches the active role."""
-    base = info.url.removesuffix(PREFILL_PREFIX).removesuffix(DECODE_PREFIX)
-    prefix = PREFILL_PREFIX if role == "prefill" else DECODE_PREFIX
-    return info.model_copy(update={"role": role, "url": base + prefix})
+DRAIN_POLL_S = 0.05
+"""Wall seconds between looks at a draining instance's outstanding count."""
 
 
 class ControlLoops:
-    def __init__(self, state: RouterState) -> None:
-        sch = state.spec.scheduler
-        assert sch is not None
+    """The loops of one router: `run_short_term` and, with `long_term` set, `run_long_term`."""
+
+    def __init__(
+        self,
+        spec: SchedulerSpec,
+        cluster: Cluster,
+        state: SchedulerState,
+        clock: Clock,
+        scale: Scale,
+    ) -> None:
+        self.sch = spec
+        self.cluster = cluster
         self.state = state
-        self.sch = sch
-        self.dep = DeploymentConfig.model_validate(sch.deployment)
-        self.configured = length_distribution(
-            TypeAdapter(LengthsConfig).validate_python(sch.lengths)
-        )
-        self.short = ShortTermConfig.model_validate(sch.short_term)
-        self.long = (
-            LongTermConfig.model_validate(sch.long_term) if sch.long_term is not None else None
-        )
-        self.window = self.long.window if self.long is not None else LongTermConfig().window
-        self.min_samples = (
-            self.long.min_samples if self.long is not None else LongTermConfig().min_samples
-        )
+        self.clock = clock
+        self.scale = scale
+        self.dep = spec.deployment
+        self.model = MODELS[self.dep.model]
+        self.configured = length_distribution(spec.lengths)
+        self.short = spec.short_term
+        self.long = spec.long_term
+        defaults = LongTermConfig()
+        self.window = (self.long or defaults).window
+        self.min_samples = (self.long or defaults).min_samples
         self.observed: deque[tuple[float, int]] = deque(maxlen=MAX_OBSERVED)
-        self.n_prefill = sch.n_prefill
+        self.n_prefill = spec.n_prefill
         self.estimator = LinkEstimator(self.dep.link.bandwidth)
         self.ctl: ThresholdController | None = None
         self.balance = (
@@ -84,18 +81,18 @@ class ControlLoops:
         self.pressure_samples: list[StagePressure] = []
         """Stage pressure sampled every short-term tick, averaged per long-term check: one
         instantaneous queue reading is too noisy to act on."""
-        profile = MODELS[state.spec.model].decode[self.dep.local.hardware]
-        self.bs_max = profile.bs_max(sch.tpot_slo_s)
+        self.bs_max = self.model.decode[self.dep.local.hardware].bs_max(spec.tpot_slo_s)
 
     # ------------------------------------------------------------------ inputs
 
     def observe(self, now: float, input_tokens: int) -> None:
+        """A request arrived at `now` (real seconds) with this routed length."""
         self.observed.append((now, input_tokens))
 
     def lengths(self) -> LengthDistribution:
         if len(self.observed) < self.min_samples:
             return self.configured
-        cutoff = self.state.clock.now() - self.window
+        cutoff = self.clock.now() - self.window
         recent = [n for t, n in self.observed if t >= cutoff]
         if len(recent) < self.min_samples:  # a quiet spell: the latest arrivals still tell
             recent = [n for _, n in list(self.observed)[-self.min_samples :]]
@@ -114,7 +111,7 @@ class ControlLoops:
         re-planned for a narrow link only once it has been narrow that long (a drop the
         short-term loop can ride out never converts an instance)."""
         assert self.long is not None
-        since = self.state.clock.now() - self.long.sustain * self.long.interval
+        since = self.clock.now() - self.long.sustain * self.long.interval
         recent = [b for t, b in self.estimates if t >= since]
         if not recent or self.estimates[0][0] > since:  # not watched that long yet: nominal
             return max([self.dep.link.bandwidth, *recent])
@@ -125,16 +122,27 @@ class ControlLoops:
             "prfaas-pd", self.dep, inputs, link_bytes_per_s=bandwidth, n_prefill=n_prefill
         )
 
-    def event(self, kind: str, **data: Any) -> None:
-        self.state.events.append({"t": self.state.clock.now(), "kind": kind, **data})
-
     # ------------------------------------------------------------------ short-term loop
+
+    async def sample_link(self, senders: list[InstanceView]) -> LinkSample | None:
+        """The PrfaaS senders' counters now, in real-world bytes; None if none answered."""
+        stats = await asyncio.gather(*(self.cluster.sender_stats(i.id) for i in senders))
+        live = [x for x in stats if x is not None]
+        if not live:
+            return None
+        return LinkSample(
+            t=self.clock.now(),
+            bytes_acked=self.scale.real_bytes(sum(x.bytes_acked for x in live)),
+            # bytes waiting for the sender's window are as much a queue as bytes in flight
+            inflight_bytes=self.scale.real_bytes(
+                sum(x.in_flight_bytes + x.queued_bytes for x in live)
+            ),
+        )
 
     async def run_short_term(self) -> None:
         """Estimate the link from the PrfaaS senders; re-plan t when the estimate moves, and
         every `window` anyway (the observed lengths move too)."""
-        state = self.state
-        st = self.short
+        state, st, cluster = self.state, self.short, self.cluster
 
         def plan_t(bandwidth: float) -> StagePlan:
             return self.plan(bandwidth, self.n_prefill, self.inputs())
@@ -149,84 +157,75 @@ class ControlLoops:
             st.scarce_utilisation,
         )
         ctl = self.ctl
-        state.threshold, state.scarce = ctl.threshold, ctl.scarce
         state.bandwidth_estimate = self.estimator.estimate
-        self.event("threshold", threshold_tokens=ctl.threshold, scarce=ctl.scarce, why="start")
-        senders = [i for i in state.instances.values() if i.cluster == "prfaas"]
-        last_refresh = state.clock.now()
-        recorded = state.threshold
+        state.set_policy(ctl.threshold, ctl.scarce)
+        state.record("threshold", threshold_tokens=ctl.threshold, scarce=ctl.scarce, why="start")
+        senders = [i for i in cluster.instances.values() if i.cluster == "prfaas"]
+        last_refresh = self.clock.now()
+        recorded = ctl.threshold
         while True:
-            await state.clock.sleep(self.short.interval)
-            stats = await asyncio.gather(*(state.fetch_stats(i) for i in senders))
-            live = [x for x in stats if x is not None]
-            if not live:
+            await self.clock.sleep(st.interval)
+            sample = await self.sample_link(senders)
+            if sample is None:
                 continue
-            sample = LinkSample(
-                t=state.clock.now(),
-                bytes_acked=state.scale.real_bytes(sum(x["bytes_acked"] for x in live)),
-                # bytes waiting for the sender's window are as much a queue as bytes in flight
-                inflight_bytes=state.scale.real_bytes(
-                    sum(x["in_flight_bytes"] + x["queued_bytes"] for x in live)
-                ),
-            )
-            state.bandwidth_estimate = self.estimator.update(sample)
-            self.estimates.append((sample.t, state.bandwidth_estimate))
+            estimate = self.estimator.update(sample)
+            state.bandwidth_estimate = estimate
+            self.estimates.append((sample.t, estimate))
             self.pressure_samples.append(self.pressure())
-            if not any(state.healthy[i.id] for i in senders):
+            if not any(cluster.healthy[i.id] for i in senders):
                 continue
             if sample.t - last_refresh >= self.window:
                 last_refresh = sample.t
-                decision = await asyncio.to_thread(ctl.replan, sample.t, state.bandwidth_estimate)
+                decision = await asyncio.to_thread(ctl.replan, sample.t, estimate)
                 why = "workload refresh"
             else:
-                decision = await asyncio.to_thread(ctl.update, sample.t, state.bandwidth_estimate)
+                decision = await asyncio.to_thread(ctl.update, sample.t, estimate)
                 why = "bandwidth moved"
             w_prfaas, w_local = self.waits()
             if self.balance is not None:
                 self.balance.update(w_prfaas, w_local)
             self.apply(decision.threshold_tokens, decision.scarce)
-            moved = abs(state.threshold - recorded) > self.short.min_t_change * recorded
+            threshold = state.threshold
+            assert threshold is not None
+            moved = abs(threshold - recorded) > st.min_t_change * recorded
             if decision.changed or moved:
-                recorded = state.threshold
-                why = why if decision.changed else "queue balance"
-                self.event(
+                recorded = threshold
+                state.record(
                     "threshold",
-                    threshold_tokens=state.threshold,
+                    threshold_tokens=threshold,
                     planned_tokens=decision.threshold_tokens,
                     bias=self.balance.bias if self.balance is not None else 1.0,
                     scarce=decision.scarce,
-                    bandwidth_gbps=state.bandwidth_estimate * 8 / 1e9,
+                    bandwidth_gbps=estimate * 8 / 1e9,
                     inflight_bytes=sample.inflight_bytes,
                     wait_prfaas_s=w_prfaas,
                     wait_local_s=w_local,
-                    why=why,
+                    why=why if decision.changed else "queue balance",
                 )
 
     def apply(self, planned: float, scarce: bool) -> None:
         """Put the planner's t, corrected by the queue balance, in force."""
         bias = self.balance.bias if self.balance is not None else 1.0
-        self.state.threshold, self.state.scarce = planned * bias, scarce
+        self.state.set_policy(planned * bias, scarce)
+
+    def _routable(self, i: InstanceView) -> bool:
+        return self.cluster.healthy[i.id] and i.id not in self.state.draining
 
     def waits(self) -> tuple[float, float]:
         """Expected prefill wait (real seconds) of a new request on each route: the least
         loaded prefill instance's outstanding requests x the profile's prefill time of their
         mean length. PrfaaS requests stay outstanding until their KV is acknowledged, so a
         queue on the link shows here too."""
-        state, dep = self.state, self.dep
+        cluster, dep = self.cluster, self.dep
 
-        def wait(cluster: str, hardware: str) -> float:
+        def wait(name: str, hardware: str) -> float:
             out = []
-            for i in state.instances.values():
-                if (
-                    i.cluster != cluster
-                    or i.role != "prefill"
-                    or not state.healthy[i.id]
-                    or i.id in state.draining
-                ):
+            for i in cluster.instances.values():
+                if i.cluster != name or i.role != "prefill" or not self._routable(i):
                     continue
-                n = state.outstanding[i.id]
-                mean = state.work[i.id] / n if n else 0.0
-                out.append(n * state.model.prefill_time(hardware, mean) if n else 0.0)
+                n = cluster.outstanding[i.id]
+                mean = cluster.work[i.id] / n if n else 0.0
+                out.append(n * self.model.prefill_time(hardware, mean) if n else 0.0)
             return min(out) if out else math.inf
 
         hw_prfaas = dep.prfaas.hardware if dep.prfaas is not None else dep.local.hardware
@@ -235,14 +234,10 @@ class ControlLoops:
     # ------------------------------------------------------------------ long-term loop
 
     def pressure(self) -> StagePressure:
-        state = self.state
-        live = [
-            i
-            for i in state.instances.values()
-            if state.healthy[i.id] and i.id not in state.draining
-        ]
-        pre = [state.outstanding[i.id] for i in live if i.role == "prefill"]
-        dec = [state.outstanding[i.id] for i in live if i.role == "decode"]
+        cluster = self.cluster
+        live = [i for i in cluster.instances.values() if self._routable(i)]
+        pre = [cluster.outstanding[i.id] for i in live if i.role == "prefill"]
+        dec = [cluster.outstanding[i.id] for i in live if i.role == "decode"]
         return StagePressure(
             prefill=sum(pre) / len(pre) if pre else float("inf"),
             decode=sum(dec) / (len(dec) * self.bs_max) if dec else float("inf"),
@@ -252,11 +247,11 @@ class ControlLoops:
         """Every `interval`, ask the long-term controller whether the PD split should change;
         convert instances when it says so (drain, switch role, re-plan t)."""
         assert self.long is not None
-        lt, state = self.long, self.state
+        lt = self.long
         controller: LongTermController | None = None
         last_reason = ""
         while True:
-            await state.clock.sleep(lt.interval)
+            await self.clock.sleep(lt.interval)
             if self.converting:
                 continue
             inputs, bandwidth = self.inputs(), self.sustained_bandwidth()
@@ -281,7 +276,7 @@ class ControlLoops:
             decision = await asyncio.to_thread(controller.update, self.n_prefill, pressure)
             if decision.reason != last_reason or decision.act:
                 last_reason = decision.reason
-                self.event(
+                self.state.record(
                     "split_check",
                     current_prefill=decision.current_prefill,
                     target_prefill=decision.target_prefill,
@@ -298,16 +293,16 @@ class ControlLoops:
 
     async def convert(self, target_prefill: int) -> None:
         """Move local PD instances between roles until `target_prefill` serve prefill."""
-        state = self.state
-        grow = "prefill" if target_prefill > self.n_prefill else "decode"
+        cluster, state = self.cluster, self.state
+        grow: Role = "prefill" if target_prefill > self.n_prefill else "decode"
         shrink = "decode" if grow == "prefill" else "prefill"
         candidates = sorted(
             (
                 i
-                for i in state.instances.values()
-                if i.switchable and i.role == shrink and state.healthy[i.id]
+                for i in cluster.instances.values()
+                if i.switchable and i.role == shrink and cluster.healthy[i.id]
             ),
-            key=lambda i: (state.work[i.id], state.outstanding[i.id], i.id),
+            key=lambda i: (cluster.work[i.id], cluster.outstanding[i.id], i.id),
         )
         chosen = candidates[: abs(target_prefill - self.n_prefill)]
         if not chosen:
@@ -316,9 +311,11 @@ class ControlLoops:
         try:
             results = await asyncio.gather(*(self._switch(i, grow) for i in chosen))
             self.n_prefill = sum(
-                1 for i in state.instances.values() if i.cluster == "local" and i.role == "prefill"
+                1
+                for i in cluster.instances.values()
+                if i.cluster == "local" and i.role == "prefill"
             )
-            self.event(
+            state.record(
                 "split",
                 n_prefill=self.n_prefill,
                 n_decode=self.sch.n_local - self.n_prefill,
@@ -326,10 +323,10 @@ class ControlLoops:
             )
             if self.ctl is not None:  # then re-optimise t for the new split
                 decision = await asyncio.to_thread(
-                    self.ctl.replan, state.clock.now(), self.bandwidth()
+                    self.ctl.replan, self.clock.now(), self.bandwidth()
                 )
                 self.apply(decision.threshold_tokens, decision.scarce)
-                self.event(
+                state.record(
                     "threshold",
                     threshold_tokens=state.threshold,
                     planned_tokens=decision.threshold_tokens,
@@ -340,54 +337,33 @@ class ControlLoops:
         finally:
             self.converting = False
 
-    async def _switch(self, inst: InstanceInfo, role: str) -> bool:
+    async def _switch(self, inst: InstanceView, role: Role) -> bool:
         """Drain one instance (no new work; wait for the router's outstanding count to reach
         zero), then switch its role. On a drain timeout or a refused switch it goes back into
         rotation in its old role."""
         assert self.long is not None
-        state = self.state
+        state, clock = self.state, self.clock
         state.draining.add(inst.id)
-        started = state.clock.now()
-        self.event("drain", instance=inst.id, role=inst.role)
+        started = clock.now()
+        state.record("drain", instance=inst.id, role=inst.role)
         try:
             deadline = started + self.long.drain_timeout
-            while state.outstanding[inst.id] > 0:  # bounded by drain_timeout
-                if state.clock.now() > deadline:
-                    self.event("switch_failed", instance=inst.id, reason="drain timed out")
+            while self.cluster.outstanding[inst.id] > 0:  # bounded by drain_timeout
+                if clock.now() > deadline:
+                    state.record("switch_failed", instance=inst.id, reason="drain timed out")
                     return False
-                await asyncio.sleep(0.05)
-            drained = state.clock.now()
-            base = inst.url.removesuffix(PREFILL_PREFIX).removesuffix(DECODE_PREFIX)
-            doc = await self._post_role(base, role)
-            if doc is None:
-                self.event("switch_failed", instance=inst.id, reason="role switch refused")
+                await clock.sleep(clock.real(DRAIN_POLL_S))
+            drained = clock.now()
+            if not await self.cluster.switch_role(inst.id, role, self.long.role_switch):
+                state.record("switch_failed", instance=inst.id, reason="role switch refused")
                 return False
-            state.instances[inst.id] = role_view(inst, role)
-            self.event(
+            state.record(
                 "switched",
                 instance=inst.id,
                 role=role,
                 drain_s=drained - started,
-                switch_s=state.clock.now() - drained,
+                switch_s=clock.now() - drained,
             )
             return True
         finally:
             state.draining.discard(inst.id)
-
-    async def _post_role(self, base: str, role: str) -> dict[str, Any] | None:
-        """POST /role, retrying while the instance still reports work (a request that raced
-        the drain); None if it never accepts."""
-        session = self.state.session
-        assert session is not None and self.long is not None
-        switch_wall = self.state.clock.wall(self.long.role_switch)
-        for _ in range(50):  # 50 x 0.1 s wall at most, besides the switch itself
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
-                async with asyncio.timeout(switch_wall + 10):
-                    async with session.post(f"{base}/role", json={"role": role}) as resp:
-                        if resp.status == 200:
-                            doc: dict[str, Any] = await resp.json()
-                            return doc
-                        if resp.status != 409:
-                            return None
-            await asyncio.sleep(0.1)
-        return None
