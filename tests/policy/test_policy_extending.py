@@ -17,7 +17,7 @@ from testbed.policy import POLICIES, make_policy
 from testbed.policy.base import RequestView, Route, Snapshot, least_loaded
 from testbed.scenario.runner import RunOptions, prepare_run
 from testbed.scenario.schema import load_scenario
-from testbed.services.router import RouterState
+from testbed.services.router.dispatch import RouterState
 from testbed.services.spec import InstanceInfo, ServiceSpec
 
 ROOT = Path(__file__).resolve().parents[2]
