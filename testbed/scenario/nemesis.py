@@ -40,8 +40,8 @@ import numpy as np
 from testbed.clock import Clock
 from testbed.config import NEMESIS_TARGET_GROUPS, NemesisEvent, Scenario
 from testbed.errors import ConfigError, UserError
+from testbed.link.deployment import LinkSetup
 from testbed.metrics.records import HistoryEvent
-from testbed.scenario.link import LinkSetup
 from testbed.substrate.base import ServiceHandle, Substrate
 from testbed.workload.build import length_distribution
 from testbed.workload.generate import RequestSpec

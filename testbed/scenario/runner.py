@@ -29,12 +29,12 @@ from testbed.config import DeploymentConfig, Scenario
 from testbed.engine.torch import live
 from testbed.errors import UserError
 from testbed.kvcache.manager import cluster_capacities
+from testbed.link.deployment import LinkSetup
 from testbed.metrics.files import Journal, write_jsonl_atomic
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.plan_cli import plan_inputs
 from testbed.planner import StagePlan, plan_deployment
 from testbed.policy import POLICIES, POLICY_DEPLOYMENT_KIND
-from testbed.scenario.link import LinkSetup
 from testbed.scenario.nemesis import (
     NemesisPlayer,
     PlannedFault,

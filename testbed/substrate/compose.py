@@ -58,7 +58,7 @@ import yaml
 from testbed.config import LinkConfig, ScaleConfig
 from testbed.errors import UserError
 from testbed.link.client import LinkClient
-from testbed.scenario.link import LinkSetup, add_link_proxies
+from testbed.link.deployment import LinkSetup, add_link_proxies
 from testbed.services.spec import InstanceInfo, ServiceSpec
 from testbed.substrate.base import ServiceHandle
 
@@ -775,7 +775,7 @@ class ComposeSubstrate:
         enabled: bool,
         seed: int,
     ) -> LinkSetup:
-        """KV proxies in the link container, shaped as one link (see testbed.scenario.link)."""
+        """KV proxies in the link container, shaped as one link (see testbed.link.deployment)."""
         await self._ensure_up()
         assert self.link_api is not None
         if link.toxiproxy is not None:
