@@ -24,7 +24,8 @@ from pathlib import Path
 
 from testbed.config import load_scenario
 from testbed.metrics.records import RequestRecord
-from testbed.scenario.runner import RunOptions, prepare_run, run_scenario
+from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.runner import run_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = (("prfaas-pd", "prfaas-static"), ("homogeneous", "homogeneous"), ("naive", "naive"))

@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 
 from testbed.config import load_scenario
-from testbed.plan_cli import plan_inputs
-from testbed.planner import plan_deployment
+from testbed.planner import plan_deployment, plan_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -32,9 +32,9 @@ import numpy as np
 
 from testbed.config import Scenario, load_scenario
 from testbed.metrics.records import HistoryEvent, RequestRecord
-from testbed.plan_cli import plan_inputs
-from testbed.planner import plan_deployment
-from testbed.scenario.runner import RunOptions, prepare_run, run_scenario
+from testbed.planner import plan_deployment, plan_inputs
+from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.runner import run_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 DROP_POLICIES = ("prfaas", "prfaas-nolongterm", "prfaas-static", "naive")

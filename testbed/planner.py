@@ -21,11 +21,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from testbed.config import DeploymentConfig
+from testbed.config import DeploymentConfig, Scenario
 from testbed.profiles import MODELS, ModelProfile
+from testbed.workload.build import length_distribution
 from testbed.workload.lengths import LengthDistribution
 
-__all__ = ["PlanInputs", "StagePlan", "plan_deployment", "stage_throughputs"]
+__all__ = ["PlanInputs", "StagePlan", "plan_deployment", "plan_inputs", "stage_throughputs"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,16 @@ class PlanInputs:
     output_tokens: float
     tpot_slo_s: float
     threshold_step: float = 100.0
+
+
+def plan_inputs(scenario: Scenario) -> PlanInputs:
+    """A scenario's workload shape and SLO as the model's inputs."""
+    return PlanInputs(
+        lengths=length_distribution(scenario.workload.lengths),
+        output_tokens=scenario.workload.output_tokens,
+        tpot_slo_s=scenario.slo.tpot,
+        threshold_step=scenario.planner.threshold_step,
+    )
 
 
 @dataclass(frozen=True)

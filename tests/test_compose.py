@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from testbed.config import load_scenario
-from testbed.scenario.runner import RunOptions, _Run, prepare_run
+from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.runner import _Run
 from testbed.services.spec import ServiceSpec
 
 ROOT = Path(__file__).resolve().parents[1]

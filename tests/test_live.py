@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from testbed.config import load_scenario
-from testbed.scenario.runner import RunOptions, _Run, prepare_run
+from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.runner import _Run
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "data" / "tiny.yaml"

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from testbed.cli.plan import plan_scenario
 from testbed.config import load_scenario
-from testbed.plan_cli import plan_inputs, plan_scenario
-from testbed.planner import plan_deployment
+from testbed.planner import plan_deployment, plan_inputs
 
 PAPER = Path(__file__).resolve().parents[1] / "scenarios" / "paper.yaml"
 

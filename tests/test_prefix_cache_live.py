@@ -17,7 +17,8 @@ import pytest
 
 from testbed.config import load_scenario
 from testbed.kvcache import BLOCK_TOKENS
-from testbed.scenario.runner import RunOptions, RunResult, prepare_run, run_scenario
+from testbed.scenario.plan import RunOptions, RunResult, prepare_run
+from testbed.scenario.runner import run_scenario
 from tests.chaos.harness import SCENARIOS, TINY
 
 FIRST_BLOCKS = 100  # 51,200 tokens: above the tiny deployment's planned threshold (15K)

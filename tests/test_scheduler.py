@@ -6,8 +6,7 @@ from pathlib import Path
 import pytest
 
 from testbed.config import load_scenario
-from testbed.plan_cli import plan_inputs
-from testbed.planner import plan_deployment
+from testbed.planner import plan_deployment, plan_inputs
 from testbed.policy import make_policy
 from testbed.policy.base import InstanceLoad, RequestView, Snapshot
 from testbed.scheduler.bandwidth import LinkEstimator, LinkSample

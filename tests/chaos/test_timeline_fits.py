@@ -14,7 +14,7 @@ from testbed.config import CheckerConfig, NemesisEvent, load_scenario
 from testbed.errors import UserError
 from testbed.scenario.checkers import checkers_fit
 from testbed.scenario.nemesis import check_timeline_fits
-from testbed.scenario.runner import RunOptions, prepare_run
+from testbed.scenario.plan import RunOptions, prepare_run
 from tests.chaos.harness import LIBRARY, ROOT, SCENARIOS, chaos_variant
 
 
