@@ -1,5 +1,5 @@
 """Run a scenario live: stand up the deployment, shape the link, drive the workload, record the
-history and write the results.
+history and write the results. What is decided before (the `RunPlan`) is testbed.scenario.plan.
 
 Order of a run: plan (threshold, PD split, arrival rate) -> start decode workers -> put the link
 in front of their KV ports -> start prefill workers and the router -> replay the requests on the
