@@ -23,7 +23,8 @@ import tempfile
 from pathlib import Path
 
 from testbed.metrics.records import RequestRecord
-from testbed.scenario.runner import RunOptions, prepare_run, run_scenario
+from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]

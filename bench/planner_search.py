@@ -10,8 +10,7 @@ import statistics
 import time
 from pathlib import Path
 
-from testbed.plan_cli import plan_inputs
-from testbed.planner import plan_deployment
+from testbed.planner import plan_deployment, plan_inputs
 from testbed.scenario.schema import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]

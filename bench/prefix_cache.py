@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.scenario.runner import RunOptions, prepare_run, run_scenario
+from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]

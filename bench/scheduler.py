@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 
 from testbed.metrics.records import HistoryEvent, RequestRecord
-from testbed.plan_cli import plan_inputs
-from testbed.planner import plan_deployment
-from testbed.scenario.runner import RunOptions, prepare_run, run_scenario
+from testbed.planner import plan_deployment, plan_inputs
+from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 import numpy as np
 
-from testbed.config import DeploymentConfig
+from testbed.config import DeploymentConfig, PlannerConfig, SloConfig, WorkloadConfig
 from testbed.profiles import MODELS, ModelProfile
+from testbed.workload.build import length_distribution
 from testbed.workload.lengths import LengthDistribution
 
-__all__ = ["PlanInputs", "StagePlan", "plan_deployment", "stage_throughputs"]
+__all__ = ["PlanInputs", "StagePlan", "plan_deployment", "plan_inputs", "stage_throughputs"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,29 @@ class PlanInputs:
     output_tokens: float
     tpot_slo_s: float
     threshold_step: float = 100.0
+
+
+class Planned(Protocol):
+    """What the model reads of a scenario (testbed.scenario.schema.Scenario has it)."""
+
+    @property
+    def workload(self) -> WorkloadConfig: ...
+
+    @property
+    def slo(self) -> SloConfig: ...
+
+    @property
+    def planner(self) -> PlannerConfig: ...
+
+
+def plan_inputs(scenario: Planned) -> PlanInputs:
+    """A scenario's workload shape and SLO as the model's inputs."""
+    return PlanInputs(
+        lengths=length_distribution(scenario.workload.lengths),
+        output_tokens=scenario.workload.output_tokens,
+        tpot_slo_s=scenario.slo.tpot,
+        threshold_step=scenario.planner.threshold_step,
+    )
 
 
 @dataclass(frozen=True)

@@ -197,8 +197,8 @@ def _partition_run(tmp_path: Path, quiet_during: bool) -> Path:
     """Results of a hand-made partition run, written by the real write_results: with
     `quiet_during`, no request that the policy would offload arrives during the cut."""
     from testbed.metrics.records import HistoryEvent
+    from testbed.scenario.plan import RunOptions, prepare_run
     from testbed.scenario.results import write_results
-    from testbed.scenario.runner import RunOptions, prepare_run
     from testbed.scenario.schema import load_scenario
 
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -245,8 +245,9 @@ def test_summary_and_report_show_a_vacuous_check(tmp_path: Path) -> None:
 def test_cli_prints_a_vacuous_check_and_exits_0(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from testbed import cli, run_cli
-    from testbed.scenario.runner import RunResult
+    from testbed import cli
+    from testbed.cli import run as run_cli
+    from testbed.scenario.plan import RunResult
 
     async def fake_run(rp: object, opts: object, progress: object = None) -> RunResult:
         import json

@@ -24,8 +24,8 @@ ALLOWED_READS: dict[str, str] = {
     "scenario/runner.py": "hands the scenario's scale to each service in its spec",
     "engine/torch/pacing.py": "reports the scale the steps were paced at",
     "engine/torch/verify.py": "builds verify-model's clock from its option (0: no pacing)",
-    "verify_cli.py": "passes --time-scale to verify-model",
-    "run_cli.py": "prints the scale in the run header",
+    "cli/verify.py": "passes --time-scale to verify-model",
+    "cli/run.py": "prints the scale in the run header",
 }
 """Modules that read `time_scale` without computing with it, and why."""
 

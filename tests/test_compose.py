@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from testbed.scenario.runner import RunOptions, _Run, prepare_run
+from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.runner import _Run
 from testbed.scenario.schema import load_scenario
 from testbed.services.spec import ServiceSpec
 

@@ -9,7 +9,8 @@ import aiohttp
 import pytest
 
 from testbed.config import DeploymentConfig, LongTermConfig, ScaleConfig
-from testbed.scenario.runner import RunOptions, prepare_run, run_scenario
+from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import load_scenario
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

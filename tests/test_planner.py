@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed.plan_cli import plan_inputs, plan_scenario
-from testbed.planner import plan_deployment
+from testbed.cli.plan import plan_scenario
+from testbed.planner import plan_deployment, plan_inputs
 from testbed.scenario.schema import load_scenario
 
 PAPER = Path(__file__).resolve().parents[1] / "scenarios" / "paper.yaml"

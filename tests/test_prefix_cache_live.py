@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from testbed.kvcache import BLOCK_TOKENS
-from testbed.scenario.runner import RunOptions, RunResult, prepare_run, run_scenario
+from testbed.scenario.plan import RunOptions, RunResult, prepare_run
+from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import load_scenario
 from tests.chaos.harness import SCENARIOS, TINY
 

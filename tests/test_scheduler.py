@@ -5,8 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.plan_cli import plan_inputs
-from testbed.planner import plan_deployment
+from testbed.planner import plan_deployment, plan_inputs
 from testbed.policy import make_policy
 from testbed.policy.base import InstanceLoad, RequestView, Snapshot
 from testbed.scenario.schema import load_scenario

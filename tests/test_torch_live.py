@@ -26,7 +26,8 @@ except ImportError as exc:
 
 from testbed.engine.torch import live
 from testbed.engine.torch.model import TinyHybridLM, generate
-from testbed.scenario.runner import RunOptions, prepare_run, run_scenario
+from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import load_scenario
 from testbed.services.spec import InstanceInfo, ServiceSpec
 from testbed.substrate.local import LocalService, start_service, stop_services

@@ -26,10 +26,7 @@ import logging
 import random
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from testbed.link.toxics.base import ToxicWrapper
+from typing import Any, ClassVar, Protocol
 
 __all__ = [
     "CLOSE",
@@ -215,6 +212,30 @@ class Sink:
             raise SinkClosed
 
 
+class StageToxic(Protocol):
+    """What a stage runs: a testbed.link.toxics.base.Toxic. A protocol here, because the toxics
+    import the pipeline (Stub, Chunk, End) and the pipeline must not import them back."""
+
+    closes_on_removal: ClassVar[bool]
+
+    def new_state(self) -> Any: ...
+
+    async def pipe(self, stub: Stub) -> None: ...
+
+
+class StageWrapper(Protocol):
+    """A toxic as configured (testbed.link.toxics.base.ToxicWrapper): what a stage reads."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def toxicity(self) -> float: ...
+
+    @property
+    def toxic(self) -> StageToxic: ...
+
+
 class Stub:
     """A toxic's handle on its stage: receive, send, sleep, and end the connection.
 
@@ -232,7 +253,7 @@ class Stub:
         self.state: Any = None
 
     @property
-    def wrapper(self) -> ToxicWrapper:
+    def wrapper(self) -> StageWrapper:
         """The toxic as configured now (live-update toxics read their attributes from here)."""
         return self._stage.wrapper
 
@@ -293,7 +314,7 @@ class Stage:
         "wrapper",
     )
 
-    def __init__(self, link: ToxicLink, wrapper: ToxicWrapper, rng: random.Random) -> None:
+    def __init__(self, link: ToxicLink, wrapper: StageWrapper, rng: random.Random) -> None:
         self.link = link
         self.wrapper = wrapper
         self.rng = rng
@@ -315,7 +336,7 @@ class Stage:
         if self.sleeper is not None and not self.sleeper.done():
             self.sleeper.set_result(None)
 
-    def update(self, wrapper: ToxicWrapper, restart: bool) -> None:
+    def update(self, wrapper: StageWrapper, restart: bool) -> None:
         self.wrapper = wrapper
         if restart:
             self.interrupt()
@@ -425,13 +446,13 @@ class ToxicLink:
             return random.Random()
         return random.Random(f"{self.seed_base}/{self.direction}/{toxic_name}")
 
-    def add_toxic(self, wrapper: ToxicWrapper) -> Stage:
+    def add_toxic(self, wrapper: StageWrapper) -> Stage:
         stage = Stage(self, wrapper, self.rng_for(wrapper.name))
         self.stages.append(stage)
         stage.start()
         return stage
 
-    def find(self, wrapper: ToxicWrapper) -> Stage | None:
+    def find(self, wrapper: StageWrapper) -> Stage | None:
         for st in self.stages:
             if not st.removed and st.wrapper is wrapper:
                 return st

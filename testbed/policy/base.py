@@ -85,7 +85,7 @@ class Policy(Protocol):
     optimum for `auto`) is put in every snapshot."""
     replans: ClassVar[bool]
     """The router runs the short-term loop for it (the threshold and the link's scarcity move
-    while the run goes on; testbed.services.control)."""
+    while the run goes on; testbed.scheduler.loops)."""
     long_term: ClassVar[bool]
     """The router also runs the long-term loop (local PD instances switch roles)."""
     cache_aware: ClassVar[bool]

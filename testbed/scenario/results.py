@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from testbed.checkers import run_checkers
 from testbed.clock import Scale
@@ -14,9 +14,7 @@ from testbed.metrics.records import HistoryEvent, RequestRecord, write_jsonl
 from testbed.metrics.report import write_report
 from testbed.metrics.summary import summarize
 from testbed.metrics.timeline import write_timeline
-
-if TYPE_CHECKING:
-    from testbed.scenario.runner import RunOptions, RunPlan, RunResult
+from testbed.scenario.plan import RunOptions, RunPlan, RunResult
 
 __all__ = ["write_results"]
 
@@ -30,8 +28,6 @@ def write_results(
     notes: list[str],
     interrupted: bool,
 ) -> RunResult:
-    from testbed.scenario.runner import RunResult
-
     out: Path = opts.out_dir
     sc = rp.scenario
     write_jsonl(out / "requests.jsonl", (r.to_json() for r in records))

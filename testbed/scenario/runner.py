@@ -1,5 +1,5 @@
 """Run a scenario live: stand up the deployment, shape the link, drive the workload, record the
-history and write the results.
+history and write the results. What is decided before (the `RunPlan`) is testbed.scenario.plan.
 
 Order of a run: plan (threshold, PD split, arrival rate) -> start decode workers -> put the link
 in front of their KV ports -> start prefill workers and the router -> replay the requests on the
@@ -14,42 +14,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from testbed.clock import LiveClock
-from testbed.config import DeploymentConfig
-from testbed.engine.torch import live
-from testbed.errors import UserError
 from testbed.kvcache.manager import cluster_capacities
+from testbed.link.deployment import LinkSetup
 from testbed.metrics.files import Journal, write_jsonl_atomic
 from testbed.metrics.records import HistoryEvent, RequestRecord
-from testbed.nemesis import (
-    NemesisPlayer,
-    PlannedFault,
-    burst_requests,
-    instance_ids,
-    plan_faults,
-    stop_player,
-)
-from testbed.plan_cli import plan_inputs
-from testbed.planner import StagePlan, plan_deployment
-from testbed.policy import POLICIES, get_policy
-from testbed.scenario.link import LinkSetup
-from testbed.scenario.schema import Scenario
+from testbed.nemesis import NemesisPlayer, stop_player
+from testbed.policy import get_policy
+from testbed.scenario.plan import RunOptions, RunPlan, RunResult
+from testbed.scenario.results import write_results
 from testbed.services.spec import InstanceInfo, SchedulerSpec, ServiceSpec
+from testbed.substrate import make_substrate
 from testbed.substrate.base import ServiceHandle, Substrate
-from testbed.workload.build import length_distribution
-from testbed.workload.generate import RequestSpec, generate_requests
+from testbed.workload.generate import RequestSpec
 
-__all__ = ["RunOptions", "RunResult", "prepare_run", "run_scenario"]
+__all__ = ["run_scenario"]
 
 SAMPLE_INTERVAL_S = 0.25
 """Wall seconds between samples of queues and link throughput."""
@@ -68,67 +55,6 @@ _TIME_FIELDS = (
 )
 
 
-@dataclass
-class RunOptions:
-    substrate: str = "local"
-    policy: str | None = None
-    trace: str | None = None
-    duration_s: float | None = None
-    out_dir: Path = Path("results/run")
-    progress: bool = True
-    drain_timeout_s: float = 120.0
-    """Wall seconds to wait for in-flight requests after the last arrival."""
-
-
-@dataclass
-class RunPlan:
-    """Everything decided before the first process starts."""
-
-    scenario: Scenario
-    deployment_name: str
-    deployment: DeploymentConfig
-    policy: str
-    plan: StagePlan
-    threshold_tokens: float | None
-    n_prefill: int
-    n_decode: int
-    rate_rps: float | None
-    duration_s: float
-    requests: list[RequestSpec]
-    faults: list[PlannedFault] = field(default_factory=list)
-    """The nemesis timeline, targets resolved (testbed.nemesis)."""
-    shift_plan: StagePlan | None = None
-    """The planner's optimum for the lengths after `workload.shift` (PD split free)."""
-    shift_rate_rps: float | None = None
-
-
-@dataclass
-class RunResult:
-    out_dir: Path
-    records: list[RequestRecord]
-    history: list[HistoryEvent]
-    summary: dict[str, Any]
-    checks: list[Any]
-    interrupted: bool = False
-    notes: list[str] = field(default_factory=list)
-    signal: int | None = None
-    """The signal that stopped the run early (SIGINT, SIGTERM, SIGHUP), if one did."""
-
-    @property
-    def ok(self) -> bool:
-        return all(c.ok for c in self.checks)
-
-    @property
-    def exit_code(self) -> int:
-        """What `testbed run` exits with: 128 + the signal when one stopped it (130 for
-        Ctrl-C, 143 for SIGTERM, 129 for SIGHUP), else 0 when every checker passed, 1 if not."""
-        if self.signal is not None:
-            return 128 + self.signal
-        if self.interrupted:
-            return 128 + signal.SIGINT
-        return 0 if self.ok else 1
-
-
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """Signals that end a run early but cleanly: stop submitting, fail in-flight, write everything."""
 
@@ -144,111 +70,6 @@ class _History(list[HistoryEvent]):
         super().append(event)
         if self.journal is not None:
             self.journal.append(event.to_json())
-
-
-def make_substrate(name: str, log_dir: Path) -> Substrate:
-    if name == "local":
-        from testbed.substrate.local import LocalSubstrate
-
-        return LocalSubstrate(log_dir)
-    if name == "compose":
-        from testbed.substrate.compose import ComposeSubstrate
-
-        return ComposeSubstrate(log_dir)
-    raise UserError(f"substrate {name!r} is not available; use 'local' or 'compose'")
-
-
-def _pick_deployment(scenario: Scenario, policy: str) -> tuple[str, DeploymentConfig]:
-    if scenario.deployment is not None:
-        return scenario.deployment, scenario.deployments[scenario.deployment]
-    if len(scenario.deployments) == 1:
-        return next(iter(scenario.deployments.items()))
-    kind = get_policy(policy).deployment_kind
-    for name, dep in scenario.deployments.items():
-        if dep.kind == kind:
-            return name, dep
-    raise UserError(
-        f"scenario {scenario.name!r} has no {kind} deployment for policy {policy!r}; "
-        f"set 'deployment' to one of: {', '.join(scenario.deployments)}"
-    )
-
-
-def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
-    """Decide the policy, deployment, threshold, PD split, arrival rate and requests."""
-    policy = opts.policy or scenario.policy.name
-    if policy not in POLICIES:
-        raise UserError(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}")
-    name, dep = _pick_deployment(scenario, policy)
-    plan = plan_deployment(name, dep, plan_inputs(scenario))
-    n_local = dep.local.instances
-    if dep.kind == "naive":
-        n_prefill, n_decode = 0, n_local
-    elif dep.local.prefill is not None or dep.local.decode is not None:
-        n_prefill = (
-            dep.local.prefill
-            if dep.local.prefill is not None
-            else n_local - (dep.local.decode or 0)
-        )
-        n_decode = n_local - n_prefill
-    else:
-        n_prefill, n_decode = plan.n_prefill, plan.n_decode
-    if get_policy(policy).needs_threshold:
-        t = scenario.policy.threshold
-        threshold = plan.threshold_tokens if t == "auto" else float(t)
-    else:
-        threshold = None
-    arrivals = scenario.workload.arrivals
-    if arrivals.rate is not None:
-        rate: float | None = arrivals.rate
-    elif arrivals.load is not None:
-        rate = arrivals.load * plan.lambda_max_rps
-    else:
-        rate = None
-    duration = opts.duration_s if opts.duration_s is not None else scenario.duration
-    # Before any process starts: a fault or a checker this run cannot exercise is an error now,
-    # not two failed (or vacuous) checkers afterwards.
-    from testbed.checkers import checkers_fit
-    from testbed.nemesis import check_timeline_fits
-
-    check_timeline_fits(scenario, duration)
-    checkers_fit(scenario, duration)
-    shift_plan: StagePlan | None = None
-    shift_rate: float | None = None
-    shift = scenario.workload.shift
-    if shift is not None:
-        shifted = dataclasses.replace(
-            plan_inputs(scenario), lengths=length_distribution(shift.lengths)
-        )
-        shift_plan = plan_deployment(name, dep, shifted)
-        if shift.rate is not None:
-            shift_rate = shift.rate
-        else:
-            assert shift.load is not None  # ShiftConfig requires one of them
-            shift_rate = shift.load * shift_plan.lambda_max_rps
-    requests = generate_requests(
-        scenario.workload,
-        rate_rps=rate,
-        duration_s=duration,
-        seed=scenario.seed,
-        trace_path=opts.trace,
-        shift_rate_rps=shift_rate,
-    )
-    requests = burst_requests(scenario, requests, rate, duration)
-    if not requests:
-        raise UserError("the workload produced no requests; raise the rate or the duration")
-    if dep.engine == "torch":  # before any process starts: one clear line, not a crashed worker
-        live.check_live_run(
-            opts.substrate, [(r.id, r.input_tokens, r.output_tokens) for r in requests]
-        )
-    n_prfaas = dep.prfaas.instances if dep.prfaas is not None else 0
-    ids = instance_ids(n_prfaas, n_prefill, n_decode)
-    faults = plan_faults(scenario, ids, link_enabled=dep.prfaas is not None)
-    rp = RunPlan(
-        scenario, name, dep, policy, plan, threshold, n_prefill, n_decode, rate, duration, requests
-    )
-    rp.faults = faults
-    rp.shift_plan, rp.shift_rate_rps = shift_plan, shift_rate
-    return rp
 
 
 def _shift(rec: RequestRecord, to_load: Callable[[float], float]) -> RequestRecord:
@@ -629,8 +450,6 @@ async def run_scenario(
     rp: RunPlan, opts: RunOptions, on_progress: Callable[[int, int], None] | None = None
 ) -> RunResult:
     """Run one prepared scenario live and write its results to `opts.out_dir`."""
-    from testbed.scenario.results import write_results
-
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     run = _Run(rp, opts)
     run.journal_to(opts.out_dir)

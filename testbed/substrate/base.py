@@ -3,7 +3,8 @@
 The runner and the nemesis only speak this interface, so a scenario runs unchanged on local
 processes or on containers. Addresses come in two kinds: `url` is where the runner (on the host)
 reaches a service's HTTP API; `kv_addr` is where senders in the same datacenter reach a decode
-instance's KV receiver. Cross-datacenter senders get their address from the link.
+instance's KV receiver. Cross-datacenter senders get their address from the link
+(testbed.link.deployment), which the substrate puts on a link emulator it runs.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from testbed.config import LinkConfig, ScaleConfig
-from testbed.scenario.link import LinkSetup
+from testbed.link.deployment import LinkSetup
 from testbed.services.spec import ServiceSpec
 
 __all__ = ["ServiceHandle", "Substrate"]
@@ -43,7 +44,25 @@ class Substrate(Protocol):
         *,
         enabled: bool,
         seed: int,
-    ) -> LinkSetup: ...
+    ) -> LinkSetup:
+        """Proxies for cross-datacenter KV to each decode instance (`upstreams`), shaped as one
+        link; with `enabled` false (one datacenter) the routes are the upstreams themselves."""
+        ...
+
+    async def partition(self) -> None:
+        """Cut the datacenters apart until `heal`; what senders see (connections closed at once,
+        or packets dropped) is the substrate's to document."""
+        ...
+
+    async def heal(self) -> None:
+        """Undo `partition`; idempotent."""
+        ...
+
+    async def shape_link(self, rate_bytes_per_s: float | None, *, qdisc: str = "tbf") -> str:
+        """Kernel (tc) shaping of what crosses the link toward the local datacenter, in wire
+        bytes/s with the `tbf` or `htb` qdisc; `None` removes it. Returns the qdiscs in force.
+        A substrate that cannot shape in the kernel raises UserError."""
+        ...
 
     async def kill(self, handle: ServiceHandle) -> None:
         """SIGKILL: the instance dies with whatever it held."""

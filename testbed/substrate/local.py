@@ -2,7 +2,9 @@
 
 A service binds port 0 and announces its ports on one stdout line ("READY {...}"), so many runs
 (and tests) can share the machine without port races. Each service's stderr goes to a log file
-in the run's output directory, so a crash leaves evidence.
+in the run's output directory, so a crash leaves evidence. The link between the datacenters is
+a link emulator in its own process (testbed.substrate.link_process), shaped by
+testbed.link.deployment; a partition disables its proxies.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from pathlib import Path
 from testbed.config import LinkConfig, ScaleConfig
 from testbed.errors import UserError
 from testbed.lifeline import child_env
-from testbed.scenario.link import LinkSetup, start_link
+from testbed.link.client import LinkClient
+from testbed.link.deployment import LinkSetup, add_link_proxies
 from testbed.services.spec import ServiceSpec
 from testbed.substrate.base import ServiceHandle
+from testbed.substrate.link_process import spawn_emulator, stop_emulator
 
 __all__ = ["LocalService", "LocalSubstrate", "start_service", "stop_services"]
 
@@ -110,6 +114,8 @@ class LocalSubstrate:
         self.log_dir = log_dir
         self.services: dict[str, LocalService] = {}
         self.link: LinkSetup | None = None
+        self.link_proc: asyncio.subprocess.Process | None = None
+        """The link emulator this substrate started (none with `link.toxiproxy` or one DC)."""
 
     def _handle(self, svc: LocalService) -> ServiceHandle:
         kv = (svc.spec.host, svc.ports["kv"]) if "kv" in svc.ports else None
@@ -129,10 +135,53 @@ class LocalSubstrate:
         enabled: bool,
         seed: int,
     ) -> LinkSetup:
-        self.link = await start_link(
-            link, scale, upstreams, enabled=enabled, seed=seed, log_dir=self.log_dir
-        )
+        """Put the shaped link (testbed.link.deployment) in front of each decode instance's KV
+        port: on the emulator at `link.toxiproxy`, or on one this substrate starts."""
+        setup = LinkSetup(dict(upstreams), scale, link.bandwidth)
+        self.link = setup
+        if not enabled:
+            return setup
+        if link.toxiproxy is not None:
+            url = f"http://{link.toxiproxy}"
+        else:
+            self.link_proc, url = await spawn_emulator(seed, self.log_dir)
+        setup.client = LinkClient(url)
+        try:
+            await add_link_proxies(setup, link, upstreams, lambda _decode_id: "127.0.0.1:0")
+        except BaseException:
+            await self._close_link()
+            raise
+        return setup
+
+    async def _close_link(self) -> None:
+        if self.link is not None:
+            await self.link.aclose()
+            self.link = None
+        if self.link_proc is not None:
+            await stop_emulator(self.link_proc)
+            self.link_proc = None
+
+    def _emulated_link(self) -> LinkSetup:
+        if self.link is None or not self.link.enabled:
+            raise UserError("this run has no link between datacenters to partition or heal")
         return self.link
+
+    async def partition(self) -> None:
+        """Cut the datacenters apart: every proxy of the link is disabled, so connections
+        through it are closed at once and new ones refused (compose's `mode="proxies"`)."""
+        await self._emulated_link().partition()
+
+    async def heal(self) -> None:
+        """Undo `partition`; idempotent."""
+        await self._emulated_link().heal()
+
+    async def shape_link(self, rate_bytes_per_s: float | None, *, qdisc: str = "tbf") -> str:
+        """Kernel shaping needs the emulator in its own network namespace, which the local
+        substrate does not have yet: it comes with the `shaper: tc` issue (#14)."""
+        raise UserError(
+            "kernel (tc) link shaping is not available on the local substrate yet (issue #14, "
+            "`shaper: tc`); use the compose substrate, or the link emulator's bandwidth"
+        )
 
     def _proc(self, handle: ServiceHandle) -> LocalService:
         return self.services[handle.spec.id]
@@ -167,6 +216,4 @@ class LocalSubstrate:
                 with contextlib.suppress(ProcessLookupError):
                     svc.proc.send_signal(signal.SIGCONT)
         await stop_services(list(self.services.values()))
-        if self.link is not None:
-            await self.link.aclose()
-            self.link = None
+        await self._close_link()

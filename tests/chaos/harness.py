@@ -14,7 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from testbed.config import DeploymentConfig, ScaleConfig
-from testbed.scenario.runner import RunOptions, RunResult, prepare_run, run_scenario
+from testbed.scenario.plan import RunOptions, RunResult, prepare_run
+from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from testbed.checkers.reroute import RerouteCheck
 from testbed.errors import UserError
 from testbed.nemesis import check_timeline_fits
 from testbed.nemesis.actions.restart import RestartAction
-from testbed.scenario.runner import RunOptions, prepare_run
+from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.schema import load_scenario
 from tests.chaos.harness import LIBRARY, ROOT, SCENARIOS, chaos_variant
 

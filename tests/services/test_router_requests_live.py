@@ -13,7 +13,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from testbed.scenario.runner import RunOptions, _Run, prepare_run
+from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.runner import _Run
 from testbed.scenario.schema import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]

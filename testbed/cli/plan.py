@@ -6,19 +6,9 @@ import argparse
 import json
 from typing import Any
 
-from testbed.planner import PlanInputs, StagePlan, plan_deployment
+from testbed.planner import StagePlan, plan_deployment, plan_inputs
 from testbed.scenario.schema import Scenario, load_scenario
 from testbed.units import format_tokens
-from testbed.workload.build import length_distribution
-
-
-def plan_inputs(scenario: Scenario) -> PlanInputs:
-    return PlanInputs(
-        lengths=length_distribution(scenario.workload.lengths),
-        output_tokens=scenario.workload.output_tokens,
-        tpot_slo_s=scenario.slo.tpot,
-        threshold_step=scenario.planner.threshold_step,
-    )
 
 
 def plan_scenario(scenario: Scenario) -> dict[str, StagePlan]:

@@ -14,8 +14,10 @@ from typing import Any
 from testbed.clock import LiveClock
 from testbed.errors import UserError
 from testbed.metrics.summary import to_text
-from testbed.scenario.runner import RunOptions, prepare_run, run_scenario
+from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import load_scenario
+from testbed.substrate import SUBSTRATES
 
 SCENARIO_DIR = Path("scenarios")
 
@@ -31,7 +33,7 @@ def _positive_float(text: str) -> float:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.substrate not in ("local", "compose"):
+    if args.substrate not in SUBSTRATES:
         raise UserError(f"substrate {args.substrate!r} is not available; use 'local' or 'compose'")
     scenario = load_scenario(args.scenario)
     out = Path(args.out) if args.out else Path("results") / scenario.name
@@ -100,7 +102,7 @@ def add_parser(sub: Any) -> None:
         "requests.jsonl, history.jsonl, summary.json, report.md and timeline.png.",
     )
     p.add_argument("scenario", help="scenario YAML file")
-    p.add_argument("--substrate", default="local", choices=["local", "compose"])
+    p.add_argument("--substrate", default="local", choices=list(SUBSTRATES))
     p.add_argument("--policy", help="routing policy (default: the scenario's)")
     p.add_argument("--trace", help="Mooncake JSONL trace to replay")
     p.add_argument(

@@ -1,54 +1,67 @@
-"""The cross-datacenter link of a live run: KV from PrfaaS to PD-D goes through it.
+"""The cross-datacenter link of a deployment, shaped on a link emulator: KV from PrfaaS to PD-D
+goes through it.
 
-`start_link` runs the link emulator (`testbed link serve`) as its own process, gives every
-decode instance a proxy that cross-datacenter senders use, and shapes them as one link: a
-`link_bandwidth` cap shared by all of them (one pipe between the datacenters, not one per
-decode instance), and a `latency` toxic of RTT/2 with jitter in each direction. Everything is
-converted to emulated units by the run's scales (testbed.clock: `Scale` for rates, the clock
-for durations).
+Every decode instance gets a proxy that cross-datacenter senders use, and the proxies are shaped
+as one link: a `link_bandwidth` cap shared by all of them (one pipe between the datacenters, not
+one per decode instance), and a `latency` toxic of RTT/2 with jitter in each direction.
+Everything is converted to emulated units by the run's scales (testbed.clock: `Scale` for rates,
+the clock for durations).
 
-Deployments without a second datacenter get no emulator: the routes are the receivers' own
-addresses and there is nothing to sample.
+Where the emulator runs is the substrate's business (a child process on the local substrate, a
+container on compose); this module only needs a `LinkClient` on it. Deployments without a second
+datacenter get no emulator: the routes are the receivers' own addresses and there is nothing to
+sample.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
-import signal
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from testbed.clock import LiveClock, Scale
 from testbed.config import LinkConfig, ScaleConfig
-from testbed.errors import UserError
-from testbed.lifeline import child_env
 from testbed.link.client import LinkClient
 
-__all__ = ["LINK_GROUP", "LinkSetup", "add_link_proxies", "start_link"]
+__all__ = ["LINK_GROUP", "LINK_TOXIC", "LinkSetup", "add_link_proxies", "scrape_link"]
 
 LINK_GROUP = "xdc"
 """The link_bandwidth group every cross-datacenter proxy of a run shares."""
 LINK_TOXIC = "xdc-bandwidth"
+"""The name of the shared-cap toxic on each cross-datacenter proxy."""
 _METRIC = re.compile(
     r"^(testbed_link_bytes_total|testbed_link_cap_bytes_per_second)"
     r'\{proxy="([^"]*)",direction="([^"]*)"\} (\S+)$'
 )
 
 
+def scrape_link(text: str, proxies: list[str]) -> tuple[float, float]:
+    """(wire bytes delivered in both directions, upstream cap in force) over `proxies`, from the
+    emulator's Prometheus text (testbed.link.metrics); 0.0 for a cap no proxy reports."""
+    total, cap = 0.0, 0.0
+    for line in text.splitlines():
+        m = _METRIC.match(line)
+        if not m or m.group(2) not in proxies:
+            continue
+        if m.group(1) == "testbed_link_bytes_total":
+            total += float(m.group(4))
+        elif m.group(3) == "upstream":
+            cap = max(cap, float(m.group(4)))
+    return total, cap
+
+
 @dataclass
 class LinkSetup:
+    """The link of one run as the runner and the nemesis see it: routes, proxies, the cap."""
+
     routes: dict[str, tuple[str, int]]
     """decode instance id -> (host, port) that cross-datacenter KV senders connect to."""
     scale: ScaleConfig
     configured_bytes_per_s: float
     """Real-world configured bandwidth."""
     client: LinkClient | None = None
-    proc: asyncio.subprocess.Process | None = None
     proxies: list[str] = field(default_factory=list)
     _last: tuple[float, float] | None = None
 
@@ -71,6 +84,20 @@ class LinkSetup:
             )
         self.configured_bytes_per_s = real_bytes_per_s
 
+    async def partition(self) -> None:
+        """Disable every cross-datacenter proxy: open connections are closed, new ones refused."""
+        assert self.client is not None
+        for name in self.proxies:
+            await self.client.disable(name)
+
+    async def heal(self) -> None:
+        """Enable again whichever of the run's proxies are disabled; idempotent."""
+        assert self.client is not None
+        state = await self.client.proxies()
+        for name in self.proxies:
+            if not state.get(name, {}).get("enabled", True):
+                await self.client.enable(name)
+
     async def sample(self) -> dict[str, Any] | None:
         """Cumulative wire bytes across the link, rate since the last sample, cap in force."""
         if self.client is None:
@@ -79,15 +106,7 @@ class LinkSetup:
             text = await self.client.metrics()
         except Exception:  # a sample missed is a gap in a plot, not a failed run
             return None
-        total, cap = 0.0, 0.0
-        for line in text.splitlines():
-            m = _METRIC.match(line)
-            if not m or m.group(2) not in self.proxies:
-                continue
-            if m.group(1) == "testbed_link_bytes_total":
-                total += float(m.group(4))
-            elif m.group(3) == "upstream":
-                cap = max(cap, float(m.group(4)))
+        total, cap = scrape_link(text, self.proxies)
         now = asyncio.get_running_loop().time()
         gbps = 0.0
         if self._last is not None and now > self._last[0]:
@@ -98,54 +117,9 @@ class LinkSetup:
         return {"wire_bytes": total, "gbps": gbps, "configured_gbps": configured * 8 / 1e9}
 
     async def aclose(self) -> None:
+        """Close the API client (the emulator itself belongs to the substrate)."""
         if self.client is not None:
             await self.client.close()
-        if self.proc is not None and self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-            try:
-                async with asyncio.timeout(5):
-                    await self.proc.wait()
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-
-
-async def _spawn_emulator(
-    seed: int, log_dir: Path | None
-) -> tuple[asyncio.subprocess.Process, str]:
-    stderr: Any = asyncio.subprocess.DEVNULL
-    if log_dir is not None:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        stderr = (log_dir / "link.log").open("wb")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "testbed.cli",
-        "link",
-        "serve",
-        "--port",
-        "0",
-        "--seed",
-        str(seed),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=stderr,
-        start_new_session=True,
-        env=child_env(),  # the emulator dies with this process (testbed.lifeline)
-    )
-    if hasattr(stderr, "close"):
-        stderr.close()
-    assert proc.stdout is not None
-    try:
-        async with asyncio.timeout(20):
-            while line := (await proc.stdout.readline()).decode():
-                if "link emulator API on " in line:
-                    return proc, line.rsplit(" ", 1)[1].strip()
-    except TimeoutError:
-        pass
-    proc.kill()
-    await proc.wait()
-    raise UserError("the link emulator did not start; see link.log in the results")
 
 
 async def add_link_proxies(
@@ -184,31 +158,3 @@ async def add_link_proxies(
                 )
         lhost, lport = info["listen"].rsplit(":", 1)
         setup.routes[decode_id] = (lhost, int(lport))
-
-
-async def start_link(
-    link: LinkConfig,
-    scale: ScaleConfig,
-    upstreams: dict[str, tuple[str, int]],
-    *,
-    enabled: bool,
-    seed: int,
-    log_dir: Path | None,
-) -> LinkSetup:
-    """Put the shaped link in front of each decode instance's KV port (see module docstring)."""
-    setup = LinkSetup(dict(upstreams), scale, link.bandwidth)
-    if not enabled:
-        return setup
-    if link.toxiproxy is not None:
-        url = f"http://{link.toxiproxy}"
-        proc = None
-    else:
-        proc, url = await _spawn_emulator(seed, log_dir)
-    setup.proc = proc
-    setup.client = LinkClient(url)
-    try:
-        await add_link_proxies(setup, link, upstreams, lambda _decode_id: "127.0.0.1:0")
-    except BaseException:
-        await setup.aclose()
-        raise
-    return setup

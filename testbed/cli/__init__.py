@@ -1,8 +1,9 @@
-"""The `testbed` command: one entry point, one subcommand per job.
+"""The `testbed` command: one entry point, one subcommand per job (`python -m testbed.cli` too).
 
-Subcommands register themselves through small `add_parser(subparsers)` functions that live next
-to the code they drive, so this file only wires them together. Every user error (bad config, bad
-arguments, a missing file) ends as one line on stderr and exit code 2, never a traceback.
+Each subcommand is a module of this package with an `add_parser(subparsers)` function (`plan`,
+`run` and `scenarios`, `link`, `verify-model`), so this file only wires them together. Every
+user error (bad config, bad arguments, a missing file) ends as one line on stderr and exit code
+2, never a traceback.
 """
 
 from __future__ import annotations
@@ -24,13 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    from testbed import plan_cli, run_cli, verify_cli
-    from testbed.link import cli as link_cli
+    from testbed.cli import link, plan, run, verify
 
-    plan_cli.add_parser(sub)
-    run_cli.add_parser(sub)
-    link_cli.add_parser(sub)
-    verify_cli.add_parser(sub)
+    plan.add_parser(sub)
+    run.add_parser(sub)
+    link.add_parser(sub)
+    verify.add_parser(sub)
     return parser
 
 
@@ -46,7 +46,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("testbed: interrupted", file=sys.stderr)
         return 130
     return rc
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,186 @@
+"""What a run is before anything starts: its options, its plan, and what it ends with.
+
+`prepare_run` decides the policy, the deployment, the threshold, the PD split, the arrival rate,
+the requests and the nemesis timeline from a scenario, and refuses a fault or a checker the run
+cannot exercise, all before the first process starts. The live run (testbed.scenario.runner)
+carries a `RunPlan` out; the results (testbed.scenario.results) make the `RunResult`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from testbed.checkers import checkers_fit
+from testbed.config import DeploymentConfig
+from testbed.engine.torch import live
+from testbed.errors import UserError
+from testbed.metrics.records import HistoryEvent, RequestRecord
+from testbed.nemesis import (
+    PlannedFault,
+    burst_requests,
+    check_timeline_fits,
+    instance_ids,
+    plan_faults,
+)
+from testbed.planner import StagePlan, plan_deployment, plan_inputs
+from testbed.policy import POLICIES, get_policy
+from testbed.scenario.schema import Scenario
+from testbed.workload.build import length_distribution
+from testbed.workload.generate import RequestSpec, generate_requests
+
+__all__ = ["RunOptions", "RunPlan", "RunResult", "prepare_run"]
+
+
+@dataclass
+class RunOptions:
+    substrate: str = "local"
+    policy: str | None = None
+    trace: str | None = None
+    duration_s: float | None = None
+    out_dir: Path = Path("results/run")
+    progress: bool = True
+    drain_timeout_s: float = 120.0
+    """Wall seconds to wait for in-flight requests after the last arrival."""
+
+
+@dataclass
+class RunPlan:
+    """Everything decided before the first process starts."""
+
+    scenario: Scenario
+    deployment_name: str
+    deployment: DeploymentConfig
+    policy: str
+    plan: StagePlan
+    threshold_tokens: float | None
+    n_prefill: int
+    n_decode: int
+    rate_rps: float | None
+    duration_s: float
+    requests: list[RequestSpec]
+    faults: list[PlannedFault] = field(default_factory=list)
+    """The nemesis timeline, targets resolved (testbed.nemesis)."""
+    shift_plan: StagePlan | None = None
+    """The planner's optimum for the lengths after `workload.shift` (PD split free)."""
+    shift_rate_rps: float | None = None
+
+
+@dataclass
+class RunResult:
+    out_dir: Path
+    records: list[RequestRecord]
+    history: list[HistoryEvent]
+    summary: dict[str, Any]
+    checks: list[Any]
+    interrupted: bool = False
+    notes: list[str] = field(default_factory=list)
+    signal: int | None = None
+    """The signal that stopped the run early (SIGINT, SIGTERM, SIGHUP), if one did."""
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def exit_code(self) -> int:
+        """What `testbed run` exits with: 128 + the signal when one stopped it (130 for
+        Ctrl-C, 143 for SIGTERM, 129 for SIGHUP), else 0 when every checker passed, 1 if not."""
+        if self.signal is not None:
+            return 128 + self.signal
+        if self.interrupted:
+            return 128 + signal.SIGINT
+        return 0 if self.ok else 1
+
+
+def _pick_deployment(scenario: Scenario, policy: str) -> tuple[str, DeploymentConfig]:
+    if scenario.deployment is not None:
+        return scenario.deployment, scenario.deployments[scenario.deployment]
+    if len(scenario.deployments) == 1:
+        return next(iter(scenario.deployments.items()))
+    kind = get_policy(policy).deployment_kind
+    for name, dep in scenario.deployments.items():
+        if dep.kind == kind:
+            return name, dep
+    raise UserError(
+        f"scenario {scenario.name!r} has no {kind} deployment for policy {policy!r}; "
+        f"set 'deployment' to one of: {', '.join(scenario.deployments)}"
+    )
+
+
+def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
+    """Decide the policy, deployment, threshold, PD split, arrival rate and requests."""
+    policy = opts.policy or scenario.policy.name
+    if policy not in POLICIES:
+        raise UserError(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}")
+    name, dep = _pick_deployment(scenario, policy)
+    plan = plan_deployment(name, dep, plan_inputs(scenario))
+    n_local = dep.local.instances
+    if dep.kind == "naive":
+        n_prefill, n_decode = 0, n_local
+    elif dep.local.prefill is not None or dep.local.decode is not None:
+        n_prefill = (
+            dep.local.prefill
+            if dep.local.prefill is not None
+            else n_local - (dep.local.decode or 0)
+        )
+        n_decode = n_local - n_prefill
+    else:
+        n_prefill, n_decode = plan.n_prefill, plan.n_decode
+    if get_policy(policy).needs_threshold:
+        t = scenario.policy.threshold
+        threshold = plan.threshold_tokens if t == "auto" else float(t)
+    else:
+        threshold = None
+    arrivals = scenario.workload.arrivals
+    if arrivals.rate is not None:
+        rate: float | None = arrivals.rate
+    elif arrivals.load is not None:
+        rate = arrivals.load * plan.lambda_max_rps
+    else:
+        rate = None
+    duration = opts.duration_s if opts.duration_s is not None else scenario.duration
+    # Before any process starts: a fault or a checker this run cannot exercise is an error now,
+    # not two failed (or vacuous) checkers afterwards.
+    check_timeline_fits(scenario, duration)
+    checkers_fit(scenario, duration)
+    shift_plan: StagePlan | None = None
+    shift_rate: float | None = None
+    shift = scenario.workload.shift
+    if shift is not None:
+        shifted = dataclasses.replace(
+            plan_inputs(scenario), lengths=length_distribution(shift.lengths)
+        )
+        shift_plan = plan_deployment(name, dep, shifted)
+        if shift.rate is not None:
+            shift_rate = shift.rate
+        else:
+            assert shift.load is not None  # ShiftConfig requires one of them
+            shift_rate = shift.load * shift_plan.lambda_max_rps
+    requests = generate_requests(
+        scenario.workload,
+        rate_rps=rate,
+        duration_s=duration,
+        seed=scenario.seed,
+        trace_path=opts.trace,
+        shift_rate_rps=shift_rate,
+    )
+    requests = burst_requests(scenario, requests, rate, duration)
+    if not requests:
+        raise UserError("the workload produced no requests; raise the rate or the duration")
+    if dep.engine == "torch":  # before any process starts: one clear line, not a crashed worker
+        live.check_live_run(
+            opts.substrate, [(r.id, r.input_tokens, r.output_tokens) for r in requests]
+        )
+    n_prfaas = dep.prfaas.instances if dep.prfaas is not None else 0
+    ids = instance_ids(n_prfaas, n_prefill, n_decode)
+    faults = plan_faults(scenario, ids, link_enabled=dep.prfaas is not None)
+    rp = RunPlan(
+        scenario, name, dep, policy, plan, threshold, n_prefill, n_decode, rate, duration, requests
+    )
+    rp.faults = faults
+    rp.shift_plan, rp.shift_rate_rps = shift_plan, shift_rate
+    return rp
