@@ -20,7 +20,7 @@ help:
 	@echo "make images              build the compose substrate's images (cached)"
 	@echo "make down                remove every container/network/volume compose runs made"
 	@echo "make chaos               short versions of every scenario with faults (pytest -m 'chaos and not model')"
-	@echo "make lint                ruff + mypy"
+	@echo "make lint                ruff + mypy + the import-layer check (what CI runs too)"
 	@echo "make bench               run the bench/ scripts and print their figures"
 	@echo "make clean               remove .venv, results/ and caches"
 
@@ -51,6 +51,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/python -m testbed.devtools.layers
 
 bench: $(STAMP)
 	@for f in bench/*.py; do echo "== $$f"; $(BIN)/python $$f || exit $$?; done

@@ -15,7 +15,7 @@ from typing import ClassVar
 from testbed.config import DeploymentKind
 from testbed.policy import POLICIES, make_policy
 from testbed.policy.base import RequestView, Route, Snapshot, least_loaded
-from testbed.scenario.runner import RunOptions, prepare_run
+from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.schema import load_scenario
 from testbed.services.router.dispatch import RouterState
 from testbed.services.spec import InstanceInfo, ServiceSpec
@@ -110,7 +110,7 @@ import testbed.policy
 testbed.policy.__path__.append(sys.argv[1])  # as if the file sat in testbed/policy/
 from testbed.policy import get_policy, make_policy
 from testbed.policy.base import InstanceLoad, RequestView, Snapshot
-from testbed.scenario.runner import RunOptions, prepare_run
+from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.schema import load_scenario
 
 cls = get_policy("least-work")

@@ -16,7 +16,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from testbed.clock import LiveClock
-from testbed.scenario.runner import RunOptions, _Run, prepare_run
+from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.runner import _Run
 from testbed.scenario.schema import load_scenario
 from testbed.services.spec import ServiceSpec
 from testbed.substrate.base import ServiceHandle
