@@ -44,7 +44,7 @@ def test_fast_selection_keeps_the_torch_free_guard() -> None:
 
 @pytest.mark.parametrize("args", [[], ["-m", "model"]])
 def test_model_selection_without_torch_fails_loudly(args: list[str]) -> None:
-    out = _collect(*args, "tests/test_torch_model.py")
+    out = _collect(*args, "tests/engine/test_torch_model.py")
     assert out.returncode not in (0, 5), out.stdout
     assert "need torch" in out.stdout + out.stderr
 

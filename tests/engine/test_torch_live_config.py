@@ -15,7 +15,7 @@ from testbed.engine.torch.config import TinyConfig
 from testbed.errors import ConfigError
 from testbed.scenario.schema import load_scenario
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _write(tmp_path: Path, edit: dict[str, object]) -> Path:

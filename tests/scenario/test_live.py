@@ -15,7 +15,7 @@ from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.runner import _Run
 from testbed.scenario.schema import load_scenario
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "data" / "tiny.yaml"
 
 pytestmark = pytest.mark.slow

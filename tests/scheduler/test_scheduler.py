@@ -13,7 +13,7 @@ from testbed.scheduler.bandwidth import LinkEstimator, LinkSample
 from testbed.scheduler.shortterm import ThresholdController
 
 GBPS = 1e9 / 8
-PAPER = Path(__file__).resolve().parents[1] / "scenarios" / "paper.yaml"
+PAPER = Path(__file__).resolve().parents[2] / "scenarios" / "paper.yaml"
 
 
 def feed(est: LinkEstimator, t0: float, rate: float, inflight: float, n: int, dt: float = 1.0):  # type: ignore[no-untyped-def]

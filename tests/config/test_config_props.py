@@ -195,7 +195,7 @@ def test_malformed_yaml_and_unknown_scenario(tmp_path: Path) -> None:
 
 
 def test_every_library_scenario_loads() -> None:
-    root = Path(__file__).resolve().parents[1] / "scenarios"
+    root = Path(__file__).resolve().parents[2] / "scenarios"
     for path in sorted(root.glob("*.yaml")):
         sc = load_scenario(path)
         assert sc.description and "\n" not in sc.description, path

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_compose import images  # noqa: F401  (the session fixture that builds them)
+from tests.substrate.test_compose import images  # noqa: F401  (the session fixture that builds them)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "data" / "tiny.yaml"
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(1800)]

@@ -12,7 +12,7 @@ from testbed.checkers import (
 )
 from testbed.metrics.records import RequestRecord
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def done(i: int, kv: int = 1000) -> RequestRecord:

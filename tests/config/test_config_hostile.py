@@ -13,7 +13,7 @@ import yaml
 from testbed.errors import ConfigError
 from testbed.scenario.schema import load_scenario
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "data" / "tiny.yaml"
 HUGE = 10**400
 

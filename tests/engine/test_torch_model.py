@@ -13,7 +13,7 @@ try:
     import torch
 except ImportError as exc:  # fail, do not skip: CI installs the model extra for these tests
     raise ImportError(
-        "tests/test_torch_*.py need torch: pip install -e '.[dev,model]' (or `make test`)"
+        "the torch tests need torch: pip install -e '.[dev,model]' (or `make test`)"
     ) from exc
 
 from testbed.clock import LiveClock

@@ -14,7 +14,7 @@ try:
     import torch  # noqa: F401  (fail loudly here if the model extra is missing)
 except ImportError as exc:
     raise ImportError(
-        "tests/test_torch_*.py need torch: pip install -e '.[dev,model]' (or `make test`)"
+        "the torch tests need torch: pip install -e '.[dev,model]' (or `make test`)"
     ) from exc
 
 from testbed.engine.torch import TinyConfig, TinyHybridLM, TorchDecodeEngine, TorchPrefillEngine
@@ -25,7 +25,7 @@ from testbed.transfer.fault_proxy import FaultProxy
 
 pytestmark = pytest.mark.model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def test_verify_harness_is_exact_on_every_path() -> None:

@@ -24,7 +24,7 @@ from testbed.scenario.runner import _Run
 from testbed.scenario.schema import load_scenario
 from testbed.services.spec import ServiceSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "data" / "tiny.yaml"
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(1800)]

@@ -125,7 +125,7 @@ def test_a_fifo_or_directory_is_refused_without_reading(tmp_path: Path) -> None:
 
 def test_reads_the_shared_mooncake_trace() -> None:
     path = (
-        Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+        Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
     )
     if not path.exists():
         pytest.skip(f"shared Mooncake trace not present at {path}")

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Setting sys.modules["torch"] = None makes every `import torch` raise ImportError.
 _PRELUDE = "import sys; sys.modules['torch'] = None\n"

@@ -15,7 +15,7 @@ from testbed.scenario.schema import load_scenario
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 SMALL = DeploymentConfig.model_validate(
     {

@@ -21,7 +21,7 @@ try:
     import torch  # noqa: F401  (fail loudly here if the model extra is missing)
 except ImportError as exc:
     raise ImportError(
-        "tests/test_torch_*.py need torch: pip install -e '.[dev,model]' (or `make test`)"
+        "the torch tests need torch: pip install -e '.[dev,model]' (or `make test`)"
     ) from exc
 
 from testbed.engine.torch import live
@@ -35,7 +35,7 @@ from testbed.transfer.fault_proxy import FaultProxy
 
 pytestmark = pytest.mark.model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def test_real_model_scenario_is_token_exact_with_remote_prefill(tmp_path: Path) -> None:
