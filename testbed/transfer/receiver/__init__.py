@@ -2,7 +2,7 @@
 
 A decode instance runs one `KVReceiver`. Senders (PrfaaS prefill across the link, PD-P prefill
 inside the cluster) open several connections to it and stripe each request's frames across them;
-the rules for when a request is complete or failed live in `reassembly.py`, this module is the
+the rules for when a request is complete or failed live in `reassembly/`, this package is the
 network side.
 
 Speed matters here (hundreds of MB/s on a 2-core machine shared with other processes), so each
@@ -16,7 +16,7 @@ Backpressure: if the sender stops reading ACKs, the transport pauses writing and
 stops reading frames until it resumes, so nothing grows without bound.
 
 Hostile peers: any local process can connect. What it can make the receiver hold is bounded:
-frames for ids the owner did not `expect` create no state (reassembly.py); a connection's buffer
+frames for ids the owner did not `expect` create no state (reassembly/); a connection's buffer
 grows only with bytes that really arrived, all buffers share one BufferBudget (buffers.py), the
 number of connections is capped (more are refused at once), and expected requests past their
 deadline are failed and freed by the supervisor every `check_interval`.
