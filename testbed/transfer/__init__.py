@@ -3,7 +3,7 @@
 A prefill instance streams each request's KVCache, layer by layer, as checksummed frames over N
 persistent TCP connections (`KVSender`), either straight to a decode instance (in-cluster) or to
 the link emulator's proxy port (cross-datacenter). The decode instance's `KVReceiver` admits a
-request only once every byte of every layer arrived verified. See wire.py for the frame layout.
+request only once every byte of every layer arrived verified. See wire/ for the frame layout.
 
     async with KVReceiver(port=0) as rx, KVSender("127.0.0.1", rx.port) as tx:
         rx.expect("req-1")                        # frames for ids not expected are refused

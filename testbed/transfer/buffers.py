@@ -2,8 +2,8 @@
 
 Any local process can open connections to a KV port, and a frame header may promise up to
 `max_payload` bytes. A connection's buffer therefore grows only with bytes that really arrived
-(receiver.py), and all buffers together stay within this budget: a connection that cannot grow
-stops reading until another one gives memory back.
+(receiver/protocol.py), and all buffers together stay within this budget: a connection that
+cannot grow stops reading until another one gives memory back.
 
 One connection at a time may go past the limit (the *overdraft*), so that when every connection
 holds half a frame and the budget is spent, one of them can still finish its frame, give its

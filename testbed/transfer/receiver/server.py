@@ -1,25 +1,9 @@
-"""The decode side of a KV transfer: a TCP server that reassembles and verifies requests.
+"""The receiver's server: listening, admitting connections, their watchdogs, and the owner's API
+(expect / wait / discard / take_payload) over the reassembler.
 
-A decode instance runs one `KVReceiver`. Senders (PrfaaS prefill across the link, PD-P prefill
-inside the cluster) open several connections to it and stripe each request's frames across them;
-the rules for when a request is complete or failed live in `reassembly.py`, this module is the
-network side.
-
-Speed matters here (hundreds of MB/s on a 2-core machine shared with other processes), so each
-connection is an `asyncio.BufferedProtocol`: the kernel copies bytes straight into one reusable
-buffer, frames are parsed and checksummed in place through memoryviews, and payload bytes are
-never copied again unless `keep_payload=True`. Deadlines are enforced by one watchdog task per
-connection that wakes every `check_interval` seconds (idle connection, frame stalled halfway, ACKs
-not draining), instead of arming timers per frame.
-
-Backpressure: if the sender stops reading ACKs, the transport pauses writing and the connection
-stops reading frames until it resumes, so nothing grows without bound.
-
-Hostile peers: any local process can connect. What it can make the receiver hold is bounded:
-frames for ids the owner did not `expect` create no state (reassembly.py); a connection's buffer
-grows only with bytes that really arrived, all buffers share one BufferBudget (buffers.py), the
-number of connections is capped (more are refused at once), and expected requests past their
-deadline are failed and freed by the supervisor every `check_interval`.
+Deadlines are enforced by one watchdog task per connection that wakes every `check_interval`
+seconds (idle connection, frame stalled halfway, ACKs not draining), instead of arming timers per
+frame: per-frame timers cost more CPU than checksumming the payload.
 """
 
 from __future__ import annotations
@@ -30,28 +14,15 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
 
 from testbed.transfer.buffers import BufferBudget
-from testbed.transfer.reassembly import KVManifest, Reassembler, ReceiverFull
-from testbed.transfer.wire import (
-    DEFAULT_MAX_PAYLOAD,
-    HEADER_SIZE,
-    ChecksumMismatch,
-    Header,
-    WireError,
-    decode_body,
-    decode_header,
-    encode_frame,
-)
+from testbed.transfer.reassembly import KVManifest, Reassembler
+from testbed.transfer.receiver.protocol import Connection
+from testbed.transfer.wire import DEFAULT_MAX_PAYLOAD, WireError
 
-__all__ = ["KVManifest", "KVReceiver", "ReceiverFull", "ReceiverStats"]
+__all__ = ["KVReceiver", "ReceiverStats"]
 
 log = logging.getLogger(__name__)
-
-_MIN_FREE = 16 << 10  # never offer the kernel less than this much buffer space
-_INITIAL_BUFFER = 64 << 10  # a connection's buffer before any bytes arrived
-_STREAM_BUFFER = 1 << 20  # what a connection that keeps streaming grows to (fewer copies)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,223 +47,6 @@ class ReceiverStats:
     connections_refused: int  # beyond max_connections
     payload_bytes: int  # KV bytes kept for requests (keep_payload)
     buffer_bytes: int  # read buffers of all connections
-
-
-class _Connection(asyncio.BufferedProtocol):
-    """One sender connection: parse frames in place, hand them to the reassembler, ACK.
-
-    The read buffer starts small and grows only when the bytes that really arrived fill it
-    (see `_grow`), within the receiver's BufferBudget; a header's promise alone allocates
-    nothing, and an idle connection's buffer shrinks back.
-    """
-
-    def __init__(self, receiver: KVReceiver) -> None:
-        self._rx = receiver
-        self._buf = bytearray()
-        self._view = memoryview(self._buf)
-        self._start = 0  # first unparsed byte
-        self._end = 0  # one past the last received byte
-        self._header: Header | None = None  # parsed header of a frame whose rest is pending
-        self.transport: asyncio.Transport | None = None
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.last_activity = time.monotonic()
-        self.frame_started: float | None = None
-        self.write_paused_since: float | None = None
-        self.peer: object = None
-        self._paused_acks = False  # the sender does not read its ACKs
-        self._paused_memory = False  # the buffer is full and the budget allows no more
-        self._received = 0  # bytes received so far
-
-    @property
-    def buffer_size(self) -> int:
-        return len(self._buf)
-
-    # asyncio callbacks ---------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it: cast, not check.
-        self.transport = cast(asyncio.Transport, transport)
-        self.peer = transport.get_extra_info("peername")
-        if self._rx._connection_made(self):
-            self._set_buffer(bytearray(_INITIAL_BUFFER))
-            self._rx.budget.force(_INITIAL_BUFFER)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
-        budget = self._rx.budget
-        budget.forget(self)
-        size = len(self._buf)
-        self._set_buffer(bytearray())
-        if size:
-            budget.give(self, size, done=True)
-        self._rx._connection_lost(self, exc)
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        if self._start == self._end:
-            self._start = self._end = 0
-        short = len(self._buf) - self._end < _MIN_FREE
-        if short and not self._grow() and self._end == len(self._buf):
-            # Reading pauses before the buffer fills (buffer_updated); never offer nothing.
-            self._rx.budget.force(_MIN_FREE)
-            self._resize(len(self._buf) + _MIN_FREE)
-        return self._view[self._end :]
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self._end += nbytes
-        self._received += nbytes
-        self.last_activity = time.monotonic()
-        try:
-            self._parse()
-        except WireError as exc:
-            self._rx._protocol_error(self, exc)
-            return
-        except Exception:  # a bug must not take the receiver down; drop this connection loudly
-            log.exception("unexpected error on KV connection from %s", self.peer)
-            self.abort()
-            return
-        if self._start == self._end and self._header is None:
-            self._start = self._end = 0
-            budget = self._rx.budget
-            if len(self._buf) > _INITIAL_BUFFER and (budget.pressed or budget.overdraft is self):
-                self.shrink()
-        short = len(self._buf) - self._end < _MIN_FREE
-        if short and not self._grow() and self._end == len(self._buf):
-            self._paused_memory = True
-            self._rx.budget.wait(self)
-            self._update_reading()
-
-    def eof_received(self) -> bool | None:
-        if self._start != self._end or self._header is not None:
-            log.info("KV connection from %s closed inside a frame", self.peer)
-        return None  # close the transport
-
-    def pause_writing(self) -> None:
-        # The sender is not reading ACKs: stop reading its frames until it catches up.
-        self.write_paused_since = time.monotonic()
-        self._paused_acks = True
-        self._update_reading()
-
-    def resume_writing(self) -> None:
-        self.write_paused_since = None
-        self._paused_acks = False
-        self._update_reading()
-
-    def _update_reading(self) -> None:
-        t = self.transport
-        if t is None or t.is_closing():
-            return
-        if self._paused_acks or self._paused_memory:
-            t.pause_reading()
-        else:
-            t.resume_reading()
-
-    # buffer --------------------------------------------------------------------------------
-
-    def _set_buffer(self, buf: bytearray) -> None:
-        self._buf = buf
-        self._view = memoryview(buf)
-
-    def _resize(self, size: int) -> None:
-        """Move the unparsed bytes into a new buffer of `size` bytes (never a resize in place:
-        memoryviews of the old one may still be alive)."""
-        held = self._end - self._start
-        new = bytearray(size)
-        new[:held] = self._view[self._start : self._end]
-        self._set_buffer(new)
-        self._start, self._end = 0, held
-
-    def _grow(self) -> bool:
-        """Make room for at least _MIN_FREE more bytes; False if the budget allows no more.
-
-        Moving the unparsed bytes to the front is enough while they fill at most half the
-        buffer, unless the connection keeps streaming (it sent more than twice the buffer) and
-        the buffer is still under _STREAM_BUFFER: then it doubles, so frames are copied forward
-        less often. Either way the buffer stays within a few times the bytes the peer really
-        sent: a header's promise alone grows nothing."""
-        held = self._end - self._start
-        size = len(self._buf)
-        room = size - held >= _MIN_FREE
-        streaming = size < _STREAM_BUFFER and self._received > 2 * size
-        if room and held <= size // 2 and not streaming:
-            self._compact()
-            return True
-        if self._rx.budget.take(self, max(2 * size, held + _MIN_FREE) - size):
-            self._resize(max(2 * size, held + _MIN_FREE))
-            return True
-        if room:  # no memory to grow into: make do with what is there
-            self._compact()
-            return True
-        return False
-
-    def _compact(self) -> None:
-        if self._start:
-            held = self._end - self._start
-            self._view[:held] = bytes(self._view[self._start : self._end])
-            self._start, self._end = 0, held
-
-    def retry_grow(self) -> bool:
-        """The budget has memory again: grow and read on (BufferBudget's Waiter)."""
-        if self.closed.done():
-            return True
-        if not self._grow():
-            return False
-        self._paused_memory = False
-        self._update_reading()
-        return True
-
-    def shrink(self) -> None:
-        """Give an empty buffer's memory back (back to the initial size)."""
-        if self._start != self._end or self._header is not None:
-            return
-        size = len(self._buf)
-        if size <= _INITIAL_BUFFER:
-            return
-        self._set_buffer(bytearray(_INITIAL_BUFFER))
-        self._start = self._end = 0
-        self._rx.budget.give(self, size - _INITIAL_BUFFER, done=True)
-
-    # parsing -------------------------------------------------------------------------------
-
-    def _parse(self) -> None:
-        rx = self._rx
-        view = self._view
-        while True:
-            header = self._header
-            if header is None:
-                if self._end - self._start < HEADER_SIZE:
-                    break
-                header = decode_header(
-                    view[self._start : self._start + HEADER_SIZE], max_payload=rx.max_payload
-                )
-                self._start += HEADER_SIZE
-                self._header = header
-            need = header.rest_len
-            if self._end - self._start < need:
-                if self.frame_started is None:
-                    self.frame_started = time.monotonic()
-                break
-            rest = view[self._start : self._start + need]
-            self._start += need
-            self._header = None
-            self.frame_started = None
-            try:
-                ack = rx.reassembler.on_frame(decode_body(header, rest))
-            except ChecksumMismatch as exc:
-                ack = rx.reassembler.on_corrupt(exc)
-            del rest
-            if ack is not None and self.transport is not None and not self.transport.is_closing():
-                self.transport.writelines(encode_frame(ack))
-
-    def abort(self) -> None:
-        """Drop the connection at once (RST): for broken or stalled peers."""
-        if self.transport is not None:
-            self.transport.abort()
-
-    def close(self) -> None:
-        """Close gracefully (FIN) after flushing ACKs: for idle peers."""
-        if self.transport is not None:
-            self.transport.close()
 
 
 class KVReceiver:
@@ -358,7 +112,7 @@ class KVReceiver:
         self._tg: asyncio.TaskGroup | None = None
         self._ready = asyncio.Event()
         self._stop = asyncio.Event()
-        self._conns: set[_Connection] = set()
+        self._conns: set[Connection] = set()
         self._closing = False
         self._protocol_errors = 0
         self._timeouts = 0
@@ -385,7 +139,7 @@ class KVReceiver:
         try:
             loop = asyncio.get_running_loop()
             self._server = await loop.create_server(
-                lambda: _Connection(self), self._host, self._port
+                lambda: Connection(self), self._host, self._port
             )
         except BaseException:
             await self.aclose()
@@ -487,9 +241,9 @@ class KVReceiver:
             buffer_bytes=sum(c.buffer_size for c in self._conns),
         )
 
-    # ---------------------------------------------------------------------------- connections
+    # ------------------------------------------- connections (ConnectionOwner: for Connection only)
 
-    def _connection_made(self, conn: _Connection) -> bool:
+    def admit(self, conn: Connection) -> bool:
         """Admit a new connection (False: it was dropped)."""
         if self._closing or self._tg is None:
             conn.abort()
@@ -510,17 +264,19 @@ class KVReceiver:
         self._tg.create_task(self._watchdog(conn), name="kv-receiver-watchdog")
         return True
 
-    def _connection_lost(self, conn: _Connection, exc: Exception | None) -> None:
+    def dropped(self, conn: Connection, exc: Exception | None) -> None:
+        """The connection is gone (its watchdog ends by itself)."""
         self._conns.discard(conn)
         if exc is not None:
             log.debug("KV connection from %s lost: %r", conn.peer, exc)
 
-    def _protocol_error(self, conn: _Connection, exc: WireError) -> None:
+    def protocol_error(self, conn: Connection, exc: WireError) -> None:
+        """Undecodable input: count it and drop the connection (RST)."""
         self._protocol_errors += 1
         log.warning("dropping KV connection from %s: %s", conn.peer, exc)
         conn.abort()
 
-    async def _watchdog(self, conn: _Connection) -> None:
+    async def _watchdog(self, conn: Connection) -> None:
         try:
             while not conn.closed.done():
                 await asyncio.wait([conn.closed], timeout=self._check_interval)

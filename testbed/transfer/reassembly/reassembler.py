@@ -1,51 +1,25 @@
-"""Per-request reassembly of KV frames: pure state, no sockets.
+"""The reassembler: every request of one receiver, and the rules that apply each frame to one.
 
-Frames of one request arrive over several connections in any order, possibly more than once
-(a sender that lost a connection resends what it had not seen acknowledged). This module decides,
-frame by frame, what a request's state is and what to answer:
-
-- State exists only for requests the owner announced with `expect` (the decode instance does so
-  when the router dispatches the request, before the prefill starts). Any local process can
-  connect to a KV port, so frames for any other id are refused (a FAILED ACK, an ABORT dropped)
-  without creating anything: a flood of made-up ids costs no memory.
-- Memory follows bytes that really arrived: a kept layer grows as its frames come in (out-of-order
-  chunks wait in a side table), never `bytearray(total)` from a header's claim; an expected size
-  (`total_bytes`) bounds what frames may announce.
-- Expected requests carry a deadline (`ttl`): one never completed, or never collected by its
-  owner, is failed and freed by `expire`. Finished-and-discarded requests are remembered, up to
-  `retired_capacity`, only so late duplicates get their final status.
-
-- A request is *complete* only when its END frame has arrived and every byte of every layer it
-  announces has arrived in frames whose checksums matched.
-- It is *failed*, and never completes, on a checksum mismatch, an inconsistent frame (a layer
-  size that disagrees with earlier frames or with END), an ABORT from the sender, or a discard
-  by the owner before completion.
-- Duplicates are idempotent: per-layer byte ranges count only new bytes, and finished requests
-  (even discarded ones, for a while) answer with their final status instead of coming back.
-
-Keeping this apart from the network code makes the rules testable without sockets and lets the
-receiver's I/O layer stay a thin, fast loop.
+The rules themselves (what is complete, failed, refused, a duplicate) are in the package
+docstring; this is the one place that enforces them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from testbed.transfer.checksum import ChecksumAlgo
 from testbed.transfer.errors import TransferError
-from testbed.transfer.ranges import RangeSet
+from testbed.transfer.reassembly.inbound import Inbound, KVManifest, Layer, State, refusal
 from testbed.transfer.wire import (
     MAX_LAYERS,
     AbortFrame,
     AckFrame,
-    AckStatus,
     ChecksumMismatch,
     DataFrame,
     EndFrame,
@@ -54,155 +28,13 @@ from testbed.transfer.wire import (
     MalformedFrame,
 )
 
-__all__ = ["KVManifest", "Reassembler", "ReceiverFull"]
+__all__ = ["Reassembler", "ReceiverFull"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class KVManifest:
-    """What arrived for one complete request (times are from the receiver's clock)."""
-
-    request_id: str
-    layer_sizes: tuple[int, ...]
-    total_bytes: int
-    verified: bool  # every frame carried a checksum and it matched
-    first_frame_at: float
-    last_frame_at: float
-    frames: int  # DATA frames accepted, duplicates included
-    duplicate_bytes: int  # payload bytes that arrived more than once (retries)
-
-    @property
-    def n_layers(self) -> int:
-        return len(self.layer_sizes)
-
-
 class ReceiverFull(Exception):
     """`expect` refused: the receiver already tracks its maximum number of requests."""
-
-
-class _State(enum.Enum):
-    ACTIVE = "active"
-    COMPLETE = "complete"
-    FAILED = "failed"
-
-
-NOT_EXPECTED = "request id not expected by this receiver"
-"""The detail of the FAILED ACK that answers a frame for an id nobody announced."""
-
-
-class _Layer:
-    """One layer's byte ranges and, when payload is kept, its bytes.
-
-    `buf` holds the contiguous prefix received so far and grows as frames arrive; a chunk beyond
-    its end waits in `pending` (by offset) until the gap before it is filled. Senders send a
-    layer's chunks in order over a few connections, so `pending` stays small.
-    """
-
-    __slots__ = ("buf", "pending", "pending_bytes", "ranges", "total")
-
-    def __init__(self, total: int, keep_payload: bool) -> None:
-        self.total = total
-        self.ranges = RangeSet()
-        self.buf: bytearray | None = bytearray() if keep_payload else None
-        self.pending: dict[int, bytes] = {}
-        self.pending_bytes = 0
-
-    @property
-    def held(self) -> int:
-        return (len(self.buf) if self.buf is not None else 0) + self.pending_bytes
-
-    def store(self, offset: int, data: memoryview | bytes | bytearray) -> int:
-        """Keep a chunk that brought new bytes; returns the change of bytes held."""
-        buf = self.buf
-        if buf is None:
-            return 0
-        before = self.held
-        have = len(buf)
-        if offset <= have:
-            if offset + len(data) > have:
-                buf += data[have - offset :]
-                self._drain()
-        else:
-            old = self.pending.get(offset)
-            if old is None or len(old) < len(data):
-                self.pending[offset] = bytes(data)
-                self.pending_bytes += len(data) - (0 if old is None else len(old))
-        return self.held - before
-
-    def _drain(self) -> None:
-        buf, pending = self.buf, self.pending
-        assert buf is not None
-        while pending:
-            have = len(buf)
-            key = have if have in pending else min((k for k in pending if k <= have), default=-1)
-            if key < 0:
-                return
-            chunk = pending.pop(key)
-            self.pending_bytes -= len(chunk)
-            if key + len(chunk) > have:
-                buf += memoryview(chunk)[have - key :]
-
-
-class _Inbound:
-    """Reassembly state of one expected request."""
-
-    __slots__ = (
-        "announced",
-        "deadline",
-        "done",
-        "dup_bytes",
-        "expected",
-        "first_at",
-        "frames",
-        "held",
-        "label",
-        "last_at",
-        "layers",
-        "limit",
-        "manifest",
-        "payload_taken",
-        "reason",
-        "request_id",
-        "sizes",
-        "state",
-        "unique_bytes",
-        "verified",
-    )
-
-    def __init__(self, request_id: str, label: str, limit: int | None, deadline: float) -> None:
-        self.request_id = request_id
-        self.label = label
-        self.limit = limit
-        self.deadline = deadline
-        self.state = _State.ACTIVE
-        self.reason = ""
-        self.layers: dict[int, _Layer] = {}
-        self.announced = 0  # sum of the sizes of the layers frames announced so far
-        self.held = 0  # payload bytes kept for this request
-        self.sizes: tuple[int, ...] | None = None
-        self.expected = -1
-        self.unique_bytes = 0
-        self.dup_bytes = 0
-        self.frames = 0
-        self.first_at = float("nan")
-        self.last_at = float("nan")
-        self.verified = True
-        self.manifest: KVManifest | None = None
-        self.payload_taken = False
-        self.done = asyncio.Event()
-
-    @property
-    def name(self) -> str:
-        """How logs name the request: the owner's label (the client-visible id) if any."""
-        return self.label or self.request_id
-
-    def status(self) -> AckStatus:
-        if self.state is _State.COMPLETE:
-            return AckStatus.COMPLETE
-        if self.state is _State.FAILED:
-            return AckStatus.FAILED
-        return AckStatus.PROGRESS
 
 
 class Reassembler:
@@ -235,8 +67,8 @@ class Reassembler:
         self._on_complete = on_complete
         self._on_failure = on_failure
         self._clock = clock
-        self._requests: dict[str, _Inbound] = {}
-        self._retired: OrderedDict[str, _Inbound] = OrderedDict()
+        self._requests: dict[str, Inbound] = {}
+        self._retired: OrderedDict[str, Inbound] = OrderedDict()
         self.bytes_received = 0
         self.bytes_duplicate = 0
         self.frames = 0
@@ -252,7 +84,7 @@ class Reassembler:
 
     @property
     def active(self) -> int:
-        return sum(1 for r in self._requests.values() if r.state is _State.ACTIVE)
+        return sum(1 for r in self._requests.values() if r.state is State.ACTIVE)
 
     @property
     def tracked(self) -> int:
@@ -293,7 +125,7 @@ class Reassembler:
             raise ReceiverFull(f"receiver already tracks {self._max_requests} requests")
         ttl = self._default_ttl if ttl is None else ttl
         deadline = math.inf if ttl is None else self._clock() + ttl
-        self._requests[request_id] = _Inbound(request_id, label or "", total_bytes, deadline)
+        self._requests[request_id] = Inbound(request_id, label or "", total_bytes, deadline)
 
     async def wait(self, request_id: str, timeout: float | None) -> KVManifest:
         """Wait for completion; TransferError on failure, TimeoutError after `timeout` s.
@@ -313,7 +145,7 @@ class Reassembler:
         req = self._requests.pop(request_id, None)
         if req is None:
             return
-        if req.state is _State.ACTIVE:
+        if req.state is State.ACTIVE:
             self._fail(req, "discarded by the receiver's owner before completion")
         self._free(req)
         self._retired[request_id] = req
@@ -325,7 +157,7 @@ class Reassembler:
         now = self._clock() if now is None else now
         late = [r for r in self._requests.values() if r.deadline <= now]
         for req in late:
-            if req.state is _State.ACTIVE:
+            if req.state is State.ACTIVE:
                 self._fail(req, "expected KV did not arrive before the receiver's deadline")
             self.discard(req.request_id)
         self.expired += len(late)
@@ -339,7 +171,7 @@ class Reassembler:
         if not self.keep_payload:
             raise RuntimeError("receiver was created with keep_payload=False")
         req = self._requests.get(request_id)
-        if req is None or req.state is not _State.COMPLETE or req.sizes is None:
+        if req is None or req.state is not State.COMPLETE or req.sizes is None:
             raise KeyError(f"no complete request {request_id!r} with payload")
         if req.payload_taken:
             raise KeyError(f"payload of {request_id!r} was already taken")
@@ -367,7 +199,7 @@ class Reassembler:
             req = self._lookup(frame.request_id)
             if req is None:
                 self.frames_refused += 1
-            elif req.state is _State.ACTIVE:
+            elif req.state is State.ACTIVE:
                 self._fail(req, f"aborted by sender: {frame.reason}")
             return None
         # An ACK has no business arriving at a receiver: the peer is confused.
@@ -389,41 +221,17 @@ class Reassembler:
             self.frames_refused += 1
             if h.type not in (FrameType.DATA, FrameType.END):
                 return None
-            return self._refuse(exc.request_id, h.type, h.layer, h.offset, length, h.stamp_ns)
-        if req.state is _State.ACTIVE:
+            return refusal(exc.request_id, h.type, h.layer, h.offset, length, h.stamp_ns)
+        if req.state is State.ACTIVE:
             self._fail(req, str(exc))
         if h.type not in (FrameType.DATA, FrameType.END):
             return None
-        return self._ack(req, h.type, h.layer, h.offset, length, h.stamp_ns)
+        return req.ack(h.type, h.layer, h.offset, length, h.stamp_ns)
 
-    def _lookup(self, request_id: str) -> _Inbound | None:
+    def _lookup(self, request_id: str) -> Inbound | None:
         return self._requests.get(request_id) or self._retired.get(request_id)
 
-    def _refuse(
-        self, request_id: str, acked: FrameType, layer: int, offset: int, length: int, stamp: int
-    ) -> AckFrame:
-        return AckFrame(
-            request_id,
-            acked,
-            layer,
-            offset,
-            length,
-            AckStatus.FAILED,
-            stamp,
-            NOT_EXPECTED,
-            ChecksumAlgo.CRC32,
-        )
-
-    def _ack(
-        self, req: _Inbound, acked: FrameType, layer: int, offset: int, length: int, stamp: int
-    ) -> AckFrame:
-        status = req.status()
-        detail = req.reason if status is AckStatus.FAILED else ""
-        return AckFrame(
-            req.request_id, acked, layer, offset, length, status, stamp, detail, ChecksumAlgo.CRC32
-        )
-
-    def _touch(self, req: _Inbound) -> None:
+    def _touch(self, req: Inbound) -> None:
         now = self._clock()
         if req.frames == 0:
             req.first_at = now
@@ -436,11 +244,11 @@ class Reassembler:
         req = self._lookup(f.request_id)
         if req is None:
             self.frames_refused += 1
-            return self._refuse(f.request_id, *ack)
-        if req.state is not _State.ACTIVE:
+            return refusal(f.request_id, *ack)
+        if req.state is not State.ACTIVE:
             self.bytes_duplicate += n
             req.dup_bytes += n
-            return self._ack(req, *ack)
+            return req.ack(*ack)
         self._touch(req)
         if f.checksum == ChecksumAlgo.NONE:
             req.verified = False
@@ -452,7 +260,7 @@ class Reassembler:
                 f"inconsistent frame: layer {f.layer} of size {f.layer_total} does not match "
                 f"the END layout of {len(req.sizes)} layers",
             )
-            return self._ack(req, *ack)
+            return req.ack(*ack)
         layer = req.layers.get(f.layer)
         if layer is None:
             if req.limit is not None and req.announced + f.layer_total > req.limit:
@@ -461,11 +269,11 @@ class Reassembler:
                     f"inconsistent frame: layer {f.layer} of size {f.layer_total} takes the "
                     f"request past the {req.limit} bytes expected",
                 )
-                return self._ack(req, *ack)
+                return req.ack(*ack)
             if len(req.layers) >= MAX_LAYERS:
                 self._fail(req, f"inconsistent frame: more than {MAX_LAYERS} layers")
-                return self._ack(req, *ack)
-            layer = req.layers[f.layer] = _Layer(f.layer_total, self.keep_payload)
+                return req.ack(*ack)
+            layer = req.layers[f.layer] = Layer(f.layer_total, self.keep_payload)
             req.announced += f.layer_total
         elif layer.total != f.layer_total:
             self._fail(
@@ -473,7 +281,7 @@ class Reassembler:
                 f"inconsistent frame: layer {f.layer} size {f.layer_total}, "
                 f"earlier frames said {layer.total}",
             )
-            return self._ack(req, *ack)
+            return req.ack(*ack)
         new = layer.ranges.add(f.offset, f.offset + n)
         if new:
             grown = layer.store(f.offset, f.payload)
@@ -484,27 +292,27 @@ class Reassembler:
         self.bytes_received += new
         self.bytes_duplicate += n - new
         self._check_complete(req)
-        return self._ack(req, *ack)
+        return req.ack(*ack)
 
     def _on_end(self, f: EndFrame) -> AckFrame:
         ack = (FrameType.END, len(f.layer_sizes), 0, f.total_bytes, f.stamp_ns)
         req = self._lookup(f.request_id)
         if req is None:
             self.frames_refused += 1
-            return self._refuse(f.request_id, *ack)
-        if req.state is not _State.ACTIVE:
-            return self._ack(req, *ack)
+            return refusal(f.request_id, *ack)
+        if req.state is not State.ACTIVE:
+            return req.ack(*ack)
         if f.checksum == ChecksumAlgo.NONE:
             req.verified = False
         if req.sizes is not None:
             if req.sizes != f.layer_sizes:
                 self._fail(req, "inconsistent END: layer layout differs from an earlier END")
-            return self._ack(req, *ack)  # a resent END: nothing new
+            return req.ack(*ack)  # a resent END: nothing new
         if req.limit is not None and f.total_bytes != req.limit:
             self._fail(
                 req, f"inconsistent END: {f.total_bytes} bytes, {req.limit} bytes were expected"
             )
-            return self._ack(req, *ack)
+            return req.ack(*ack)
         for index, layer in req.layers.items():
             if index >= len(f.layer_sizes) or f.layer_sizes[index] != layer.total:
                 self._fail(
@@ -512,18 +320,18 @@ class Reassembler:
                     f"inconsistent END: {len(f.layer_sizes)} layers, but frames of layer "
                     f"{index} said its size is {layer.total}",
                 )
-                return self._ack(req, *ack)
+                return req.ack(*ack)
         req.sizes = f.layer_sizes
         req.expected = f.total_bytes
         if req.frames == 0:
             req.first_at = req.last_at = self._clock()
         self._check_complete(req)
-        return self._ack(req, *ack)
+        return req.ack(*ack)
 
-    def _check_complete(self, req: _Inbound) -> None:
+    def _check_complete(self, req: Inbound) -> None:
         if req.sizes is None or req.unique_bytes != req.expected:
             return
-        req.state = _State.COMPLETE
+        req.state = State.COMPLETE
         manifest = req.manifest = KVManifest(
             request_id=req.request_id,
             layer_sizes=req.sizes,
@@ -542,14 +350,14 @@ class Reassembler:
             except Exception:
                 log.exception("on_complete callback failed for %s", req.name)
 
-    def _free(self, req: _Inbound) -> None:
+    def _free(self, req: Inbound) -> None:
         """Drop a request's layers (and the payload they hold)."""
         req.layers.clear()
         self.payload_bytes -= req.held
         req.held = 0
 
-    def _fail(self, req: _Inbound, reason: str) -> None:
-        req.state = _State.FAILED
+    def _fail(self, req: Inbound, reason: str) -> None:
+        req.state = State.FAILED
         req.reason = reason
         self._free(req)  # free payload buffers now: the request can never complete
         self.failed += 1
