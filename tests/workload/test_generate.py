@@ -12,7 +12,7 @@ from testbed.workload.generate import RequestSpec, generate_requests
 from testbed.workload.trace import read_trace
 
 SHARED_TRACE = (
-    Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+    Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 )
 
 
