@@ -156,7 +156,7 @@ def plan_deployment(
         splits = [(0, n_local)]
         thresholds = np.array([-math.inf])
     else:
-        fixed = n_prefill if n_prefill is not None else deployment.local.prefill
+        fixed = n_prefill if n_prefill is not None else deployment.local.pinned_prefill
         lo = 1 if fixed is None else fixed
         hi = n_local - 1 if fixed is None else fixed
         splits = [(n_p, n_local - n_p) for n_p in range(lo, hi + 1)]

@@ -88,6 +88,17 @@ class ClusterConfig(StrictModel):
                 raise ValueError(f"{role} ({n}) exceeds instances ({self.instances})")
         return self
 
+    @property
+    def pinned_prefill(self) -> int | None:
+        """The PD-P count the file fixes (`prefill`, or `instances - decode`); None lets the
+        planner pick the split. The run and the planner both read it, so a `load:` rate is a
+        fraction of the split that actually runs."""
+        if self.prefill is not None:
+            return self.prefill
+        if self.decode is not None:
+            return self.instances - self.decode
+        return None
+
 
 class TinyModelConfig(StrictModel):
     """The tiny real model of `engine: torch` (testbed.engine.torch): the seed fixes every
@@ -122,6 +133,14 @@ class DeploymentConfig(StrictModel):
             raise ValueError(f"a {self.kind} deployment needs a 'prfaas' cluster")
         if self.kind == "homogeneous" and self.prfaas is not None:
             raise ValueError("a homogeneous deployment has no 'prfaas' cluster")
+        # A split nothing reads would be a silent no-op: refuse it where it cannot apply.
+        for name, cluster, why in (
+            ("prfaas", self.prfaas, "the PrfaaS cluster is prefill-only"),
+            ("local", self.local if self.kind == "naive" else None, "naive decodes on all of it"),
+        ):
+            for role in ("prefill", "decode"):
+                if cluster is not None and getattr(cluster, role) is not None:
+                    raise ValueError(f"{name}.{role}: {why}; only a PD cluster is split")
         decode_hw = HARDWARE[self.local.hardware]
         if MODELS[self.model].decode.get(decode_hw.name) is None:
             raise ValueError(

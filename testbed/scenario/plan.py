@@ -121,12 +121,8 @@ def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
     n_local = dep.local.instances
     if dep.kind == "naive":
         n_prefill, n_decode = 0, n_local
-    elif dep.local.prefill is not None or dep.local.decode is not None:
-        n_prefill = (
-            dep.local.prefill
-            if dep.local.prefill is not None
-            else n_local - (dep.local.decode or 0)
-        )
+    elif dep.local.pinned_prefill is not None:
+        n_prefill = dep.local.pinned_prefill
         n_decode = n_local - n_prefill
     else:
         n_prefill, n_decode = plan.n_prefill, plan.n_decode
