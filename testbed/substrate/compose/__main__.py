@@ -11,7 +11,8 @@ from testbed.substrate.compose.images import ensure_images
 from testbed.substrate.compose.topology import down, leftovers
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's parser (tests/test_no_silent_fields.py reads its flags)."""
     parser = argparse.ArgumentParser(
         prog="python -m testbed.substrate.compose", description="compose substrate images"
     )
@@ -20,7 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     img.add_argument("--force", action="store_true", help="rebuild even when current")
     dn = sub.add_parser("down", help="remove every container, network and volume of the project")
     dn.add_argument("--run", help="only this run (its compose project name)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         if args.cmd == "images":
             t = time.monotonic()
