@@ -235,7 +235,6 @@ class _Run:
                 tpot_slo_s=sc.slo.tpot,
                 threshold_step=sc.planner.threshold_step,
                 n_prefill=self.rp.n_prefill,
-                interval_s=sc.policy.short_term.interval,
                 short_term=sc.policy.short_term,
                 long_term=sc.policy.long_term if switchable else None,
                 n_local=dep.local.instances,

@@ -26,8 +26,6 @@ class SchedulerSpec(BaseModel):
     tpot_slo_s: float
     threshold_step: float
     n_prefill: int
-    interval_s: float = 1.0
-    """Real-world seconds between samples of the PrfaaS senders."""
     short_term: ShortTermConfig = Field(default_factory=lambda: ShortTermConfig())
     long_term: LongTermConfig | None = None
     """None: no role conversion (the prfaas-nolongterm ablation)."""

@@ -52,7 +52,6 @@ class ServiceSpec(BaseModel):
     kv_port: int = 0
     connections: int = 4
     tpot_slo_s: float = 0.025
-    flush_interval_s: float = 0.05
     kv_timeout_s: float = 120.0
     """Wall seconds a decode instance waits for a request's KV before failing it."""
     kv_targets: list[tuple[str, int]] | None = None
