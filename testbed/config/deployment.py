@@ -133,6 +133,11 @@ class DeploymentConfig(StrictModel):
             raise ValueError(f"a {self.kind} deployment needs a 'prfaas' cluster")
         if self.kind == "homogeneous" and self.prfaas is not None:
             raise ValueError("a homogeneous deployment has no 'prfaas' cluster")
+        # Compared with the defaults, not `model_fields_set`, so a dumped config validates again.
+        if self.kind == "homogeneous" and self.link != LinkConfig():
+            raise ValueError("link: a homogeneous deployment has no link between datacenters")
+        if self.engine != "torch" and self.tiny_model != TinyModelConfig():
+            raise ValueError("tiny_model: applies to engine: torch only")
         # A split nothing reads would be a silent no-op: refuse it where it cannot apply.
         for name, cluster, why in (
             ("prfaas", self.prfaas, "the PrfaaS cluster is prefill-only"),

@@ -74,6 +74,20 @@ class ArrivalsConfig(StrictModel):
             raise ValueError("give exactly one of 'rate' (requests/s) or 'load' (of lambda_max)")
         return self
 
+    @model_validator(mode="after")
+    def _shape_fits_process(self) -> ArrivalsConfig:
+        """A process's shape given to another process would be read by nothing. (Compared with
+        the default, not `model_fields_set`, so a dumped config validates again.)"""
+        for name, process in (
+            ("burstiness", "gamma"),
+            ("on_duration", "onoff"),
+            ("off_duration", "onoff"),
+        ):
+            default = type(self).model_fields[name].default
+            if getattr(self, name) != default and self.process != process:
+                raise ValueError(f"'{name}' applies to process '{process}' only")
+        return self
+
 
 class ShiftConfig(StrictModel):
     """A lasting change of traffic at `at`: from then on prompt lengths follow `lengths` and

@@ -223,3 +223,17 @@ def test_a_split_nothing_would_read_is_refused(over: dict[str, Any], needle: str
 
     with pytest.raises(ValidationError, match=needle):
         scenario(**dep(**over))
+
+
+def test_a_link_or_tiny_model_nothing_would_read_is_refused() -> None:
+    from pydantic import ValidationError
+
+    def homogeneous(**over: Any) -> Scenario:
+        homo = {"kind": "homogeneous", "local": {"hardware": "h20x8", "instances": 4}, **over}
+        return Scenario.model_validate({**BASE, "deployments": {"pd": homo}})
+
+    homogeneous()
+    with pytest.raises(ValidationError, match="link: a homogeneous deployment has no link"):
+        homogeneous(link={"bandwidth": "10Gbps"})
+    with pytest.raises(ValidationError, match="tiny_model: applies to engine: torch only"):
+        scenario(**dep(tiny_model={"seed": 3}))

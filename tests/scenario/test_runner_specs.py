@@ -6,12 +6,13 @@ the services' own tests show what they do with it (tests/test_no_silent_fields.p
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from testbed.config import LinkConfig, ScaleConfig
+from testbed.config import DeploymentConfig, LinkConfig, ScaleConfig
 from testbed.link.deployment import LinkSetup
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.runner import _Run
@@ -30,7 +31,6 @@ BASE: dict[str, Any] = {
             "prfaas": {"hardware": "h200x8", "instances": 2, "prefix_cache": "1TiB"},
             "local": {"hardware": "h20x8", "instances": 4, "prefill": 1, "prefix_cache": "2TiB"},
             "link": {"bandwidth": "40Gbps", "rtt": "12ms", "jitter": "3ms", "connections": 3},
-            "tiny_model": {"seed": 9, "dtype": "float64"},
         }
     },
     "workload": {
@@ -80,9 +80,13 @@ class RecordingSubstrate:
         return None
 
 
-async def start(tmp_path: Path, **over: Any) -> RecordingSubstrate:
+async def start(tmp_path: Path, deployment: Any = None, **over: Any) -> RecordingSubstrate:
+    """Start the scenario (BASE with `over`) against the recorder; `deployment` replaces the
+    planned one (an `engine: torch` one, which prepare_run would check for torch)."""
     doc = {**BASE, **over}
     rp = prepare_run(Scenario.model_validate(doc), RunOptions(out_dir=tmp_path))
+    if deployment is not None:
+        rp = dataclasses.replace(rp, deployment=DeploymentConfig.model_validate(deployment))
     run = _Run(rp, RunOptions(out_dir=tmp_path))
     sub = RecordingSubstrate()
     run.substrate = sub  # type: ignore[assignment]
@@ -100,9 +104,19 @@ async def test_every_service_gets_the_runs_scale_model_slo_and_seeds(tmp_path: P
     for s in sub.specs:
         assert (s.time_scale, s.byte_scale) == (20.0, 500.0)
         assert s.tpot_slo_s == pytest.approx(1 / 50)
-        assert (s.model, s.engine) == ("internal-1t-hybrid", "emulated")
-        assert (s.model_seed, s.model_dtype, s.prompt_seed) == (9, "float64", 5)
+        assert (s.model, s.engine, s.prompt_seed) == ("internal-1t-hybrid", "emulated", 5)
         assert s.connections == 3
+
+
+async def test_the_engine_and_the_tiny_models_seed_and_dtype(tmp_path: Path) -> None:
+    torch = {
+        **BASE["deployments"]["pd"],
+        "engine": "torch",
+        "tiny_model": {"seed": 9, "dtype": "float64"},
+    }
+    sub = await start(tmp_path, deployment=torch)
+    for s in sub.specs:
+        assert (s.engine, s.model_seed, s.model_dtype) == ("torch", 9, "float64")
 
 
 async def test_clusters_hardware_and_instances(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from testbed.config import ArrivalsConfig, LognormalLengths, TraceLengths, WorkloadConfig
 from testbed.workload.arrivals import arrival_times
@@ -76,3 +77,16 @@ def test_workload_arrivals_process_changes_the_arrival_times() -> None:
     uniform = arrivals("uniform")
     assert uniform == [i * 0.5 for i in range(40)]
     assert arrivals("poisson") != uniform
+
+
+def test_a_shape_for_another_process_is_refused() -> None:
+    from pydantic import ValidationError
+
+    for field, value, process in (
+        ("burstiness", 4.0, "gamma"),
+        ("on_duration", "5s", "onoff"),
+        ("off_duration", "5s", "onoff"),
+    ):
+        ArrivalsConfig.model_validate({"process": process, "rate": 1, field: value})
+        with pytest.raises(ValidationError, match=f"'{field}' applies to process '{process}'"):
+            ArrivalsConfig.model_validate({"process": "poisson", "rate": 1, field: value})
