@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 
 from testbed.clock import Scale
-from testbed.config import DeploymentConfig, FixedLengths, LongTermConfig, ShortTermConfig
+from testbed.config import (
+    DeploymentConfig,
+    FixedLengths,
+    LognormalLengths,
+    LongTermConfig,
+    ShortTermConfig,
+)
 from testbed.scheduler import loops as loops_module
 from testbed.scheduler.balance import QueueBalance
 from testbed.scheduler.cluster import SenderCounters
@@ -21,6 +27,7 @@ from testbed.scheduler.loops import ControlLoops
 from testbed.scheduler.shortterm import ThresholdController
 from testbed.scheduler.spec import SchedulerSpec
 from testbed.scheduler.state import SchedulerState
+from testbed.workload.build import length_distribution
 
 GBPS = 1e9 / 8
 
@@ -252,3 +259,28 @@ async def test_role_switch_is_the_time_each_conversion_is_given() -> None:
     loops, cluster = loops_for(StepClock(), long=LongTermConfig(role_switch=11.0))
     await loops.convert(target_prefill=2)
     assert cluster.switch_s == [11.0]
+
+
+def test_the_loops_plan_with_the_specs_deployment_lengths_output_slo_and_step() -> None:
+    def planned(**over: Any) -> tuple[float | None, int, int, float]:
+        loops, _ = loops_for(StepClock())
+        loops.sch = loops.sch.model_copy(update={"lengths": LognormalLengths(), **over})
+        loops.dep, loops.configured = loops.sch.deployment, length_distribution(loops.sch.lengths)
+        plan = loops.plan(loops.bandwidth(), loops.sch.n_prefill, loops.inputs())
+        return plan.threshold_tokens, plan.bs_max, plan.n_prefill, plan.lambda_max_rps
+
+    base = planned()
+    assert planned(n_prefill=2)[2] == 2 != base[2]
+    assert planned(threshold_step=7000)[0] != base[0]
+    assert planned(lengths=LognormalLengths(mu=11.0))[0] != base[0]
+    assert planned(tpot_slo_s=0.1)[1] > base[1]
+    assert planned(output_tokens=8192)[3] < base[3]
+    thin = DEP.model_copy(update={"link": DEP.link.model_copy(update={"bandwidth": 1e8})})
+    assert planned(deployment=thin)[0] != base[0]
+
+
+async def test_n_local_is_the_pd_cluster_a_conversion_splits() -> None:
+    loops, _ = loops_for(StepClock(), long=LongTermConfig())
+    loops.sch = loops.sch.model_copy(update={"n_local": 5})
+    await loops.convert(target_prefill=2)
+    assert loops.state.events[-1].data["n_decode"] == 5 - 2

@@ -151,24 +151,32 @@ async def test_a_pd_instance_serves_its_initial_role_first(serve: Any) -> None:
         assert (await (await client.get("/role")).json())["role"] == role
 
 
-def _free_port() -> int:
+def _free_port(host: str) -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
 
 
 async def test_a_started_service_binds_its_specs_host_and_ports(tmp_path: Path) -> None:
+    """host, port and kv_port are where it listens; its role is what it serves (a decode has a
+    KV port, a prefill none); its id names its log."""
     from testbed.substrate.local import start_service, stop_services
 
-    http, kv = _free_port(), _free_port()
-    svc = await start_service(spec("decode", port=http, kv_port=kv), tmp_path)
+    host = "127.0.0.2"
+    http, kv = _free_port(host), _free_port(host)
+    svc = await start_service(spec("decode", host=host, port=http, kv_port=kv), tmp_path)
+    other = await start_service(spec("prefill", host=host), tmp_path)
     try:
-        assert svc.ports == {"http": http, "kv": kv}
-        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{http}/health") as r:
+        assert svc.ports == {"http": http, "kv": kv} and svc.url == f"http://{host}:{http}"
+        async with aiohttp.ClientSession() as s, s.get(f"{svc.url}/health") as r:
             assert r.status == 200
+        with socket.create_connection((host, kv), timeout=5):
+            pass  # the KV receiver listens there too
+        assert "kv" not in other.ports
+        assert (tmp_path / "decode-0.log").exists() and (tmp_path / "prefill-0.log").exists()
     finally:
-        await stop_services([svc])
+        await stop_services([svc, other])
 
 
 def test_the_cluster_is_the_network_a_container_joins() -> None:

@@ -1,0 +1,557 @@
+"""No silent no-ops (issue #14): every configuration field and every command-line flag is either
+shown by a test to change behaviour, or listed in EXCEPTIONS with the reason it is not.
+
+`LinkConfig.shaper` was accepted and read by nothing, so `shaper: tc` ran the emulator and said
+nothing. This table keeps that from happening again. The fields are found by walking the
+pydantic models (every model of testbed.config, the scenario, the registered nemesis actions and
+checkers, the services' and the scheduler's specs, and every model they contain), the flags by
+walking the argparse parsers of `testbed` and `python -m testbed.substrate.compose`; so a new
+field or flag fails `test_every_field_has_an_entry` / `test_every_flag_has_an_entry` until it
+gets a row here. Each row names one or more tests (`path::function`) which must exist; together
+they show the field or flag changing what the testbed does (a plan, a spec, a request, a route,
+a verdict, a kernel command). A field is keyed by the model that declares it (`NemesisEvent.at`
+is every action's `at`); a flag by its command (`testbed run --policy`). Positional operands
+(the scenario file) are not settings and are left out.
+"""
+
+# ruff: noqa: E501 - a row names its tests in full, so it may run past the line length
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import inspect
+import pkgutil
+import typing
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+from pydantic import BaseModel
+
+ROOT = Path(__file__).resolve().parents[1]
+
+Tests = str | tuple[str, ...]
+
+# Test modules the rows point into (most rows cite one of these).
+PREP = "tests/scenario/test_prepare_fields.py::"
+RUN = "tests/scenario/test_runner_specs.py::"
+WORK = "tests/workload/test_config_fields.py::"
+KNOB = "tests/scheduler/test_knobs.py::"
+CHECK = "tests/checkers/test_checker_fields.py::"
+ACT = "tests/nemesis/test_action_fields.py::"
+SVC = "tests/services/test_spec_fields.py::"
+ROUTER = "tests/services/test_router_spec_fields.py::"
+CLI = "tests/cli/test_cli_flags.py::"
+
+PLAYER = "tests/chaos/test_checkers_scenario.py::test_player_records_every_phase_and_survives_a_failing_fault"
+REGISTERED = (
+    "tests/nemesis/test_nemesis_plan.py::test_every_action_model_answers_to_its_registered_name"
+)
+LINK_SETUP = "tests/link/test_link_deployment.py::test_proxies_share_one_cap_in_emulated_units"
+TORCH_SEED = (
+    "tests/scenario/test_torch_live.py::test_kv_from_another_model_is_refused_with_its_reason"
+)
+SERVICE_IDENTITY = SVC + "test_a_started_service_binds_its_specs_host_and_ports"
+ROUTED = ROUTER + "test_threshold_and_instance_table_pick_prefill_and_kv_address"
+ENGINE_STRATEGY = SVC + "test_the_routers_engine_strategy_reads_engine_seeds_dtype_and_byte_scale"
+PREFILL_ENGINE = SVC + "test_prefill_timing_and_kv_sizes_follow_model_hardware_and_byte_scale"
+SHORT_LOOP = KNOB + "test_the_short_term_loop_hands_its_knobs_to_the_controllers"
+LONG_LOOP = KNOB + "test_the_long_term_loop_hands_its_knobs_to_the_controller"
+LOOP_PLAN = KNOB + "test_the_loops_plan_with_the_specs_deployment_lengths_output_slo_and_step"
+EVERY_SPEC = RUN + "test_every_service_gets_the_runs_scale_model_slo_and_seeds"
+
+FIELDS: dict[str, Tests] = {
+    # --- the scenario file
+    "Scenario.seed": (PREP + "test_seed_draws_other_requests", EVERY_SPEC),
+    "Scenario.duration": PREP + "test_duration_bounds_the_arrivals",
+    "Scenario.scale": EVERY_SPEC,
+    "Scenario.deployments": PREP + "test_deployment_picks_which_deployment_runs",
+    "Scenario.deployment": PREP + "test_deployment_picks_which_deployment_runs",
+    "Scenario.workload": PREP + "test_lengths_of_the_workload_are_the_prompts",
+    "Scenario.slo": PREP + "test_decode_speed_slo_sets_the_decode_batch",
+    "Scenario.policy": PREP + "test_policy_name_and_threshold",
+    "Scenario.planner": PREP + "test_threshold_step_is_the_planners_grid",
+    "Scenario.nemesis": PREP + "test_nemesis_entries_are_planned",
+    "Scenario.checkers": (
+        PREP + "test_checkers_are_refused_before_the_run_when_they_cannot_be_judged",
+        "tests/checkers/test_checkers.py::test_summary_and_report_show_a_vacuous_check",
+    ),
+    "ScaleConfig.time_scale": (EVERY_SPEC, LINK_SETUP),
+    "ScaleConfig.byte_scale": (EVERY_SPEC, LINK_SETUP),
+    # --- deployments
+    "DeploymentConfig.kind": PREP + "test_kind_and_model_change_the_plan",
+    "DeploymentConfig.model": (PREP + "test_kind_and_model_change_the_plan", EVERY_SPEC),
+    "DeploymentConfig.prfaas": PREP + "test_instances_and_hardware_change_the_plan",
+    "DeploymentConfig.local": PREP + "test_instances_and_hardware_change_the_plan",
+    "DeploymentConfig.link": (
+        PREP + "test_link_bandwidth_feeds_the_planner",
+        RUN + "test_the_link_request_carries_the_links_config_and_the_seed",
+    ),
+    "DeploymentConfig.engine": (
+        PREP + "test_torch_engine_is_checked_before_the_run",
+        RUN + "test_the_engine_and_the_tiny_models_seed_and_dtype",
+    ),
+    "DeploymentConfig.tiny_model": RUN + "test_the_engine_and_the_tiny_models_seed_and_dtype",
+    "TinyModelConfig.seed": (
+        RUN + "test_the_engine_and_the_tiny_models_seed_and_dtype",
+        TORCH_SEED,
+    ),
+    "TinyModelConfig.dtype": (
+        RUN + "test_the_engine_and_the_tiny_models_seed_and_dtype",
+        ENGINE_STRATEGY,
+    ),
+    "ClusterConfig.hardware": (
+        PREP + "test_instances_and_hardware_change_the_plan",
+        RUN + "test_clusters_hardware_and_instances",
+    ),
+    "ClusterConfig.instances": (
+        PREP + "test_instances_and_hardware_change_the_plan",
+        RUN + "test_clusters_hardware_and_instances",
+    ),
+    "ClusterConfig.prefill": PREP + "test_pinned_local_split",
+    "ClusterConfig.decode": PREP + "test_pinned_local_split",
+    "ClusterConfig.prefix_cache": (
+        "tests/kvcache/test_kvcache_manager.py::test_default_capacities_from_hardware_and_config",
+        RUN + "test_the_router_gets_policy_threshold_cache_and_scheduler",
+    ),
+    "LinkConfig.bandwidth": (LINK_SETUP, PREP + "test_link_bandwidth_feeds_the_planner"),
+    "LinkConfig.rtt": (
+        LINK_SETUP,
+        RUN + "test_the_link_request_carries_the_links_config_and_the_seed",
+    ),
+    "LinkConfig.jitter": (
+        LINK_SETUP,
+        RUN + "test_the_link_request_carries_the_links_config_and_the_seed",
+    ),
+    "LinkConfig.connections": (
+        EVERY_SPEC,
+        SVC + "test_a_prefill_sends_kv_over_its_specs_connections",
+    ),
+    "LinkConfig.toxiproxy": "tests/substrate/test_local_toxiproxy.py::test_the_link_goes_on_the_named_api_and_no_emulator_is_started",
+    # --- workload
+    "WorkloadConfig.lengths": PREP + "test_lengths_of_the_workload_are_the_prompts",
+    "WorkloadConfig.output_tokens": PREP + "test_output_tokens_shape_requests_and_plan",
+    "WorkloadConfig.arrivals": PREP + "test_arrival_rate_or_load",
+    "WorkloadConfig.trace": "tests/workload/test_generate.py::test_trace_content_with_synthetic_arrivals",
+    "WorkloadConfig.max_requests": PREP + "test_max_requests_caps_the_run",
+    "WorkloadConfig.shift": PREP + "test_shift_at_lengths_rate_and_load",
+    "ShiftConfig.at": PREP + "test_shift_at_lengths_rate_and_load",
+    "ShiftConfig.lengths": PREP + "test_shift_at_lengths_rate_and_load",
+    "ShiftConfig.rate": PREP + "test_shift_at_lengths_rate_and_load",
+    "ShiftConfig.load": PREP + "test_shift_at_lengths_rate_and_load",
+    "ArrivalsConfig.process": WORK + "test_workload_arrivals_process_changes_the_arrival_times",
+    "ArrivalsConfig.rate": PREP + "test_arrival_rate_or_load",
+    "ArrivalsConfig.load": PREP + "test_arrival_rate_or_load",
+    "ArrivalsConfig.burstiness": WORK
+    + "test_gamma_burstiness_is_the_squared_coefficient_of_variation",
+    "ArrivalsConfig.on_duration": WORK + "test_onoff_on_and_off_durations_place_the_windows",
+    "ArrivalsConfig.off_duration": WORK + "test_onoff_on_and_off_durations_place_the_windows",
+    "LognormalLengths.kind": PREP + "test_lengths_of_the_workload_are_the_prompts",
+    "LognormalLengths.mu": WORK + "test_lognormal_mu_sigma_min_and_max_shape_the_lengths",
+    "LognormalLengths.sigma": WORK + "test_lognormal_mu_sigma_min_and_max_shape_the_lengths",
+    "LognormalLengths.min": WORK + "test_lognormal_mu_sigma_min_and_max_shape_the_lengths",
+    "LognormalLengths.max": WORK + "test_lognormal_mu_sigma_min_and_max_shape_the_lengths",
+    "FixedLengths.kind": PREP + "test_lengths_of_the_workload_are_the_prompts",
+    "FixedLengths.tokens": (
+        PREP + "test_lengths_of_the_workload_are_the_prompts",
+        "tests/workload/test_generate.py::test_fixed_lengths_round_and_stay_positive",
+    ),
+    "TraceLengths.kind": WORK + "test_trace_lengths_path_is_the_distribution_sampled",
+    "TraceLengths.path": WORK + "test_trace_lengths_path_is_the_distribution_sampled",
+    # --- SLO, policy, planner, scheduler knobs
+    "SloConfig.decode_tokens_per_s": (
+        PREP + "test_decode_speed_slo_sets_the_decode_batch",
+        "tests/metrics/test_slo_fields.py::test_ttft_and_decode_speed_set_what_counts_as_good",
+    ),
+    "SloConfig.ttft": "tests/metrics/test_slo_fields.py::test_ttft_and_decode_speed_set_what_counts_as_good",
+    "PolicyConfig.name": PREP + "test_policy_name_and_threshold",
+    "PolicyConfig.threshold": PREP + "test_policy_name_and_threshold",
+    "PolicyConfig.short_term": RUN + "test_the_router_gets_policy_threshold_cache_and_scheduler",
+    "PolicyConfig.long_term": RUN
+    + "test_the_long_term_loop_makes_pd_instances_with_its_switch_time",
+    "PlannerConfig.threshold_step": PREP + "test_threshold_step_is_the_planners_grid",
+    "ShortTermConfig.interval": SHORT_LOOP,
+    "ShortTermConfig.replan_change": (
+        SHORT_LOOP,
+        KNOB + "test_replan_change_is_how_far_the_bandwidth_moves_before_a_replan",
+    ),
+    "ShortTermConfig.min_t_change": (
+        SHORT_LOOP,
+        KNOB + "test_min_t_change_is_the_smallest_new_threshold_adopted",
+    ),
+    "ShortTermConfig.cooldown": (
+        SHORT_LOOP,
+        KNOB + "test_cooldown_holds_the_threshold_after_a_change",
+    ),
+    "ShortTermConfig.scarce_utilisation": (
+        SHORT_LOOP,
+        KNOB + "test_scarce_utilisation_is_the_egress_share_that_counts_as_scarce",
+    ),
+    "ShortTermConfig.queue_balance": (
+        SHORT_LOOP,
+        "tests/scheduler/test_longterm.py::test_queue_balance_leans_away_from_the_backlogged_route_and_decays",
+    ),
+    "ShortTermConfig.balance_margin": (SHORT_LOOP, KNOB + "test_balance_margin_step_and_max_bias"),
+    "ShortTermConfig.balance_step": (SHORT_LOOP, KNOB + "test_balance_margin_step_and_max_bias"),
+    "ShortTermConfig.max_bias": (SHORT_LOOP, KNOB + "test_balance_margin_step_and_max_bias"),
+    "LongTermConfig.interval": LONG_LOOP,
+    "LongTermConfig.window": KNOB + "test_window_and_min_samples_pick_the_lengths_the_planner_sees",
+    "LongTermConfig.min_samples": KNOB
+    + "test_window_and_min_samples_pick_the_lengths_the_planner_sees",
+    "LongTermConfig.min_gain": (
+        LONG_LOOP,
+        KNOB + "test_min_gain_sustain_and_pressure_gate_a_conversion",
+    ),
+    "LongTermConfig.sustain": (
+        LONG_LOOP,
+        KNOB + "test_min_gain_sustain_and_pressure_gate_a_conversion",
+    ),
+    "LongTermConfig.pressure": (
+        LONG_LOOP,
+        KNOB + "test_min_gain_sustain_and_pressure_gate_a_conversion",
+    ),
+    "LongTermConfig.role_switch": (
+        KNOB + "test_role_switch_is_the_time_each_conversion_is_given",
+        RUN + "test_the_long_term_loop_makes_pd_instances_with_its_switch_time",
+    ),
+    "LongTermConfig.drain_timeout": "tests/scheduler/test_loops.py::test_a_drain_that_never_empties_times_out_without_switching",
+    "SchedulerSpec.deployment": LOOP_PLAN,
+    "SchedulerSpec.lengths": LOOP_PLAN,
+    "SchedulerSpec.output_tokens": LOOP_PLAN,
+    "SchedulerSpec.tpot_slo_s": LOOP_PLAN,
+    "SchedulerSpec.threshold_step": LOOP_PLAN,
+    "SchedulerSpec.n_prefill": LOOP_PLAN,
+    "SchedulerSpec.short_term": SHORT_LOOP,
+    "SchedulerSpec.long_term": LONG_LOOP,
+    "SchedulerSpec.n_local": KNOB + "test_n_local_is_the_pd_cluster_a_conversion_splits",
+    # --- nemesis actions (`action` is the tag that picks the fault)
+    "NemesisEvent.at": (
+        "tests/nemesis/test_nemesis_plan.py::test_a_burst_hits_nothing_live_and_plans_with_its_times",
+        PLAYER,
+    ),
+    "NemesisEvent.for_": (
+        "tests/nemesis/test_nemesis_plan.py::test_a_burst_hits_nothing_live_and_plans_with_its_times",
+        PLAYER,
+    ),
+    "ProcessEvent.target": (
+        "tests/nemesis/test_nemesis_plan.py::test_an_instance_target_is_that_instance_and_an_unknown_one_is_refused",
+        ACT + "test_process_faults_act_on_their_planned_targets",
+    ),
+    "ProcessEvent.count": "tests/nemesis/test_nemesis_plan.py::test_a_group_target_picks_count_distinct_instances_of_the_group_from_the_seed",
+    "BandwidthAction.action": (ACT + "test_bandwidth_sets_the_cap_and_restores_it", REGISTERED),
+    "BandwidthAction.bandwidth": ACT + "test_bandwidth_sets_the_cap_and_restores_it",
+    "LatencyAction.action": (ACT + "test_latency_rtt_and_jitter_in_wall_milliseconds", REGISTERED),
+    "LatencyAction.rtt": ACT + "test_latency_rtt_and_jitter_in_wall_milliseconds",
+    "LatencyAction.jitter": ACT + "test_latency_rtt_and_jitter_in_wall_milliseconds",
+    "PartitionAction.action": (ACT + "test_partition_mode_and_timeout", REGISTERED),
+    "PartitionAction.mode": ACT + "test_partition_mode_and_timeout",
+    "PartitionAction.timeout": ACT + "test_partition_mode_and_timeout",
+    "ResetPeerAction.action": (ACT + "test_reset_peer_timeout_and_toxicity", REGISTERED),
+    "ResetPeerAction.timeout": ACT + "test_reset_peer_timeout_and_toxicity",
+    "ResetPeerAction.toxicity": ACT + "test_reset_peer_timeout_and_toxicity",
+    "SlowCloseAction.action": (ACT + "test_slow_close_delay_and_toxicity", REGISTERED),
+    "SlowCloseAction.delay": ACT + "test_slow_close_delay_and_toxicity",
+    "SlowCloseAction.toxicity": ACT + "test_slow_close_delay_and_toxicity",
+    "KillAction.action": (ACT + "test_process_faults_act_on_their_planned_targets", REGISTERED),
+    "PauseAction.action": (ACT + "test_process_faults_act_on_their_planned_targets", REGISTERED),
+    "PauseAction.for_": (ACT + "test_process_faults_act_on_their_planned_targets", PLAYER),
+    "RestartAction.action": (ACT + "test_process_faults_act_on_their_planned_targets", REGISTERED),
+    "BurstAction.action": (ACT + "test_burst_at_for_and_multiplier", REGISTERED),
+    "BurstAction.for_": ACT + "test_burst_at_for_and_multiplier",
+    "BurstAction.multiplier": ACT + "test_burst_at_for_and_multiplier",
+    # --- checkers (`check` is the tag that picks the checker)
+    "FailuresCheck.check": CHECK + "test_failures_max_fraction",
+    "FailuresCheck.max_fraction": CHECK + "test_failures_max_fraction",
+    "LatencyCheck.check": CHECK + "test_latency_check_picks_the_metric",
+    "LatencyCheck.p": CHECK + "test_latency_p_and_max",
+    "LatencyCheck.max": CHECK + "test_latency_p_and_max",
+    "LatencyCheck.during": CHECK + "test_latency_during_and_max_ratio",
+    "LatencyCheck.max_ratio": CHECK + "test_latency_during_and_max_ratio",
+    "RecoverCheck.check": CHECK + "test_recover_fault_within_ttft_and_streak",
+    "RecoverCheck.fault": CHECK + "test_recover_fault_within_ttft_and_streak",
+    "RecoverCheck.within": CHECK + "test_recover_fault_within_ttft_and_streak",
+    "RecoverCheck.ttft": CHECK + "test_recover_fault_within_ttft_and_streak",
+    "RecoverCheck.streak": CHECK + "test_recover_fault_within_ttft_and_streak",
+    "RerouteCheck.check": CHECK + "test_reroute_fault_and_within",
+    "RerouteCheck.fault": CHECK + "test_reroute_fault_and_within",
+    "RerouteCheck.within": CHECK + "test_reroute_fault_and_within",
+    "ThroughputCheck.check": CHECK + "test_throughput_after_until_and_min_fraction",
+    "ThroughputCheck.after": CHECK + "test_throughput_after_until_and_min_fraction",
+    "ThroughputCheck.until": CHECK + "test_throughput_after_until_and_min_fraction",
+    "ThroughputCheck.min_fraction": CHECK + "test_throughput_after_until_and_min_fraction",
+    "TokenExactCheck.check": CHECK + "test_token_exact_compares_with_the_reference",
+    # --- what a service process is told (ServiceSpec) and the router's instance table
+    "ServiceSpec.role": SERVICE_IDENTITY,
+    "ServiceSpec.id": SERVICE_IDENTITY,
+    "ServiceSpec.host": SERVICE_IDENTITY,
+    "ServiceSpec.port": SERVICE_IDENTITY,
+    "ServiceSpec.kv_port": SERVICE_IDENTITY,
+    "ServiceSpec.cluster": SVC + "test_the_cluster_is_the_network_a_container_joins",
+    "ServiceSpec.hardware": PREFILL_ENGINE,
+    "ServiceSpec.model": PREFILL_ENGINE,
+    "ServiceSpec.byte_scale": (PREFILL_ENGINE, ENGINE_STRATEGY),
+    "ServiceSpec.time_scale": SVC + "test_a_services_clock_is_its_runs_epoch_at_its_time_scale",
+    "ServiceSpec.t0": SVC + "test_a_services_clock_is_its_runs_epoch_at_its_time_scale",
+    "ServiceSpec.connections": SVC + "test_a_prefill_sends_kv_over_its_specs_connections",
+    "ServiceSpec.tpot_slo_s": SVC + "test_decode_batch_follows_the_tpot_slo",
+    "ServiceSpec.kv_timeout_s": SVC + "test_a_decode_gives_up_on_kv_after_kv_timeout_s",
+    "ServiceSpec.kv_targets": "tests/transfer/test_kv_targets.py::test_prefill_sends_only_to_the_targets_it_was_given",
+    "ServiceSpec.engine": ENGINE_STRATEGY,
+    "ServiceSpec.model_seed": TORCH_SEED,
+    "ServiceSpec.model_dtype": ENGINE_STRATEGY,
+    "ServiceSpec.prompt_seed": ENGINE_STRATEGY,
+    "ServiceSpec.unsafe_skip_kv_verify": SVC + "test_unsafe_skip_kv_verify_decodes_without_kv",
+    "ServiceSpec.unsafe_fail_prefill": SVC
+    + "test_unsafe_fail_prefill_answers_every_prefill_with_an_error",
+    "ServiceSpec.initial_role": SVC + "test_a_pd_instance_serves_its_initial_role_first",
+    "ServiceSpec.role_switch_s": "tests/scheduler/test_longterm.py::test_pd_instance_switches_role_only_when_drained",
+    "ServiceSpec.policy": ROUTER + "test_the_policy_name_picks_the_policy",
+    "ServiceSpec.threshold_tokens": ROUTED,
+    "ServiceSpec.instances": ROUTED,
+    "ServiceSpec.request_timeout_s": ROUTER
+    + "test_an_instance_that_never_answers_is_given_up_on_after_request_timeout_s",
+    "ServiceSpec.scheduler": ROUTER + "test_scheduler_and_prefix_cache_exist_only_when_configured",
+    "ServiceSpec.prefix_cache_bytes": ROUTER
+    + "test_scheduler_and_prefix_cache_exist_only_when_configured",
+    "InstanceInfo.id": ROUTED,
+    "InstanceInfo.cluster": ROUTED,
+    "InstanceInfo.role": ROUTED,
+    "InstanceInfo.url": "tests/transfer/test_router_handshake.py::test_prefill_starts_only_after_the_decode_registered",
+    "InstanceInfo.switchable": ROUTER + "test_a_switchable_instance_is_reached_at_its_roles_mount",
+    "InstanceInfo.kv_host": ROUTED,
+    "InstanceInfo.kv_port": ROUTED,
+    "InstanceInfo.kv_link_host": ROUTED,
+    "InstanceInfo.kv_link_port": ROUTED,
+}
+
+RUN_FLAGS = CLI + "test_run_flags_reach_the_plan_and_the_options"
+TC_UP = CLI + "test_link_tc_up_and_rate_flags"
+TC_ARGS = "tests/link/test_tc_command_args.py::test_qdisc_one_way_and_wire"
+TC_LIVE = "tests/link/test_link_tc.py::test_pair_shapes_and_rate_changes_live"
+SERVE = CLI + "test_link_serve_flags"
+VERIFY = CLI + "test_verify_model_flags"
+COMPOSE = CLI + "test_compose_command_flags"
+
+FLAGS: dict[str, Tests] = {
+    "testbed --version": CLI + "test_version",
+    "testbed plan --json": (
+        "tests/cli/test_cli_plan.py::test_plan_json_has_every_deployment",
+        "tests/cli/test_cli_plan.py::test_plan_table_is_readable",
+    ),
+    "testbed run --substrate": (
+        RUN_FLAGS,
+        "tests/cli/test_cli_package.py::test_run_offers_the_substrates_make_substrate_knows",
+    ),
+    "testbed run --policy": RUN_FLAGS,
+    "testbed run --trace": RUN_FLAGS,
+    "testbed run --duration": RUN_FLAGS,
+    "testbed run --out": RUN_FLAGS,
+    "testbed run --quiet": CLI + "test_quiet_drops_the_progress_bar",
+    "testbed link serve --host": SERVE,
+    "testbed link serve --port": (
+        SERVE,
+        "tests/link/test_link_cli.py::test_serve_subprocess_with_config",
+    ),
+    "testbed link serve --config": (
+        SERVE,
+        "tests/link/test_link_cli.py::test_serve_subprocess_with_config",
+    ),
+    "testbed link serve --seed": (
+        SERVE,
+        "tests/link/test_link_live.py::test_seed_makes_toxicity_reproducible",
+    ),
+    "testbed link tc up --name": TC_UP,
+    "testbed link tc up --qdisc": (TC_UP, TC_ARGS),
+    "testbed link tc up --one-way": (TC_UP, TC_ARGS),
+    "testbed link tc up --wire": (TC_UP, TC_ARGS),
+    "testbed link tc up --rate": (TC_UP, TC_LIVE),
+    "testbed link tc rate --name": TC_UP,
+    "testbed link tc rate --qdisc": (TC_UP, TC_ARGS),
+    "testbed link tc rate --one-way": (TC_UP, TC_ARGS),
+    "testbed link tc rate --wire": (TC_UP, TC_ARGS),
+    "testbed link tc rate --rate": (TC_UP, TC_LIVE),
+    "testbed link tc show --name": CLI + "test_link_tc_show_and_down_flags",
+    "testbed link tc down --name": CLI + "test_link_tc_show_and_down_flags",
+    "testbed link tc down --all": (
+        CLI + "test_link_tc_show_and_down_flags",
+        "tests/link/test_tc_command_args.py::test_down_all_removes_every_pair_of_this_tool",
+    ),
+    "testbed verify-model --prompts": VERIFY,
+    "testbed verify-model --seed": VERIFY,
+    "testbed verify-model --max-new-tokens": VERIFY,
+    "testbed verify-model --bandwidth": VERIFY,
+    "testbed verify-model --latency": VERIFY,
+    "testbed verify-model --jitter": VERIFY,
+    "testbed verify-model --time-scale": VERIFY,
+    "testbed verify-model --dtype": VERIFY,
+    "testbed verify-model --json": VERIFY,
+    "python -m testbed.substrate.compose images --force": COMPOSE,
+    "python -m testbed.substrate.compose down --run": COMPOSE,
+}
+
+EXCEPTIONS: dict[str, str] = {
+    "Scenario.name": "a label: the run header, the default results directory (results/NAME) "
+    "and error messages name the scenario by it; nothing a run does depends on it",
+    "Scenario.description": "a label: `testbed scenarios` lists it beside the file name "
+    "(tests/chaos/test_library.py requires one); nothing a run does depends on it",
+    "LinkConfig.shaper": "shaper: tc, issue #14, tests/link/... (in progress)",
+}
+
+
+# ------------------------------------------------------------------ what there is to cover
+
+
+def _models_in(annotation: object) -> Iterator[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+    for arg in typing.get_args(annotation):
+        yield from _models_in(arg)
+
+
+@cache
+def config_models() -> tuple[type[BaseModel], ...]:
+    """Every configuration model: testbed.config's, the scenario, the registered actions' and
+    checkers' entries, the service and scheduler specs, and every model any of them holds."""
+    import testbed.config
+    from testbed.checkers import CHECKERS
+    from testbed.nemesis import ACTIONS
+    from testbed.scenario.schema import Scenario
+    from testbed.scheduler.spec import SchedulerSpec
+    from testbed.services.spec import InstanceInfo, ServiceSpec
+
+    roots: list[type[BaseModel]] = [Scenario, ServiceSpec, InstanceInfo, SchedulerSpec]
+    roots += [fault.config for fault in ACTIONS.entries()]
+    roots += [entry.config for entry in CHECKERS.entries()]
+    for info in pkgutil.iter_modules(testbed.config.__path__, "testbed.config."):
+        module = importlib.import_module(info.name)
+        roots += [
+            v
+            for v in vars(module).values()
+            if isinstance(v, type) and issubclass(v, BaseModel) and v.__module__ == module.__name__
+        ]
+    seen: dict[type[BaseModel], None] = {}
+    todo = list(roots)
+    while todo:
+        model = todo.pop()
+        if model in seen:
+            continue
+        seen[model] = None
+        for field in model.model_fields.values():
+            todo.extend(_models_in(field.annotation))
+    return tuple(seen)
+
+
+def _owner(model: type[BaseModel], name: str) -> type:
+    """The class that declares `name` (a base's field is one row, not one per subclass)."""
+    for klass in model.__mro__:
+        if name in inspect.get_annotations(klass):
+            return klass
+    raise AssertionError(f"{model.__qualname__}.{name}: no class declares it")
+
+
+def field_keys() -> set[str]:
+    return {
+        f"{_owner(model, name).__qualname__}.{name}"
+        for model in config_models()
+        for name in model.model_fields
+    }
+
+
+def _flags(parser: argparse.ArgumentParser, command: str) -> Iterator[str]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _flags(sub, f"{command} {name}")
+        elif action.option_strings and not isinstance(action, argparse._HelpAction):
+            yield f"{command} {max(action.option_strings, key=len)}"
+
+
+def flag_keys() -> set[str]:
+    from testbed.cli import build_parser
+    from testbed.substrate.compose.__main__ import build_parser as compose_parser
+
+    return set(_flags(build_parser(), "testbed")) | set(
+        _flags(compose_parser(), "python -m testbed.substrate.compose")
+    )
+
+
+def _node_ids(tests: Tests) -> tuple[str, ...]:
+    return (tests,) if isinstance(tests, str) else tests
+
+
+@cache
+def _defined(path: str) -> frozenset[str]:
+    """Test functions of a module: `name` at top level, `Class::name` in a class."""
+    tree = ast.parse((ROOT / path).read_text())
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.ClassDef):
+            names |= {
+                f"{node.name}::{n.name}"
+                for n in node.body
+                if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+            }
+    return frozenset(names)
+
+
+# ------------------------------------------------------------------ the checks
+
+
+def test_every_field_has_an_entry() -> None:
+    missing = sorted(field_keys() - FIELDS.keys() - EXCEPTIONS.keys())
+    assert not missing, (
+        f"configuration fields with no test showing they change behaviour: {missing}; add a "
+        "row to FIELDS (or, with a reason, to EXCEPTIONS), or remove the field"
+    )
+
+
+def test_every_flag_has_an_entry() -> None:
+    missing = sorted(flag_keys() - FLAGS.keys() - EXCEPTIONS.keys())
+    assert not missing, (
+        f"command-line flags with no test showing they change behaviour: {missing}; add a row "
+        "to FLAGS (or, with a reason, to EXCEPTIONS), or remove the flag"
+    )
+
+
+def test_no_row_for_a_field_or_flag_that_is_gone() -> None:
+    rows = FIELDS.keys() | FLAGS.keys() | EXCEPTIONS.keys()
+    stale = sorted(rows - field_keys() - flag_keys())
+    assert not stale, f"rows for fields or flags that no longer exist: {stale}"
+    assert not (FIELDS.keys() | FLAGS.keys()) & EXCEPTIONS.keys()
+
+
+def test_every_named_test_exists() -> None:
+    bad: list[str] = []
+    for key, tests in [*FIELDS.items(), *FLAGS.items()]:
+        assert _node_ids(tests), f"{key}: names no test"
+        for node in _node_ids(tests):
+            path, sep, name = node.partition("::")
+            test = name.rpartition("::")[2]
+            if not (sep and (ROOT / path).is_file() and name in _defined(path)):
+                bad.append(f"{key}: {node}")
+            elif not test.startswith("test_"):
+                bad.append(f"{key}: {node} is not a test function")
+    assert not bad, "rows naming tests that do not exist:\n" + "\n".join(bad)
+
+
+def test_every_exception_gives_its_reason() -> None:
+    assert all(len(reason.split()) >= 3 for reason in EXCEPTIONS.values())
+
+
+def test_model_names_are_unambiguous() -> None:
+    """Rows are keyed by class name, so two models may not share one."""
+    names = [m.__qualname__ for m in config_models()]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+def test_the_walk_finds_the_models_and_the_parsers_it_should() -> None:
+    """The enumeration itself can fail silently (an empty walk passes everything)."""
+    fields, flags = field_keys(), flag_keys()
+    assert {"LinkConfig.shaper", "NemesisEvent.at", "ServiceSpec.kv_targets"} <= fields
+    assert {"testbed run --policy", "testbed link tc up --wire"} <= flags
+    assert "python -m testbed.substrate.compose down --run" in flags
+    assert len(fields) > 150 and len(flags) > 30
