@@ -113,9 +113,10 @@ async def test_a_toy_fault_is_planned_played_and_judged_like_a_built_in() -> Non
     assert history[0].data["stalled"] == 1 and "error" not in history[0].data
     # the reroute checker reads the toy's window from the history like any fault's
     other = next(i for i in ids if i.startswith("local-decode-") and i != target)
+    started = history[0].t  # when the fault really began (late on a loaded machine)
     served = RequestRecord(
-        id="r1", input_tokens=100, output_tokens=4, arrival=11.0, status="completed",
-        prefill_instance="local-prefill-0", decode_instance=other, prefill_start=12.0,
+        id="r1", input_tokens=100, output_tokens=4, arrival=started + 0.5, status="completed",
+        prefill_instance="local-prefill-0", decode_instance=other, prefill_start=started + 1.0,
     )  # fmt: skip
     result = check_reroute([served], history, check.fault, check.within)
     assert result.verdict == "ok" and "stall of local-decode-" in result.detail, result
