@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from testbed.checkers.result import CheckResult, show_ids, vacuous
 from testbed.metrics.records import RequestRecord
+from testbed.units import format_size
 
 __all__ = [
     "check_generator_count",
@@ -68,15 +69,28 @@ def check_nothing_lost(
     return CheckResult("nothing_lost", True, tally)
 
 
-def check_kv_accounted(records: Sequence[RequestRecord]) -> CheckResult:
-    """For every completed request: received == sent == expected wire bytes, and verified."""
+def check_kv_accounted(records: Sequence[RequestRecord], byte_scale: float = 1.0) -> CheckResult:
+    """For every completed request: received == sent == expected wire bytes, and verified.
+
+    The totals read in real-world bytes, as the report's (wire bytes x `byte_scale`); the exact
+    wire byte counts that were compared follow in brackets."""
     completed = [r for r in records if r.status == "completed"]
     expected = sum(r.kv_wire_bytes_expected for r in completed)
     sent = sum(r.kv_wire_bytes_sent for r in completed)
     received = sum(r.kv_wire_bytes_received for r in completed)
+
+    def real(wire: int) -> str:
+        return format_size(wire * byte_scale)
+
+    if expected == sent == received:
+        moved = f"KV {real(expected)} real-world expected = sent = received"
+    else:
+        moved = (
+            f"KV real-world expected {real(expected)}, sent {real(sent)}, received {real(received)}"
+        )
     totals = (
-        f"{len(completed)} completed; wire bytes expected {expected}, sent {sent}, "
-        f"received {received}"
+        f"{len(completed)} completed; {moved} (wire bytes {expected} / {sent} / {received}"
+        f"{f' at byte_scale {byte_scale:g}' if byte_scale != 1 else ''})"
     )
     mismatched = [
         r.id

@@ -67,11 +67,13 @@ def run_checkers(
     configs: Sequence[CheckerConfig] = (),
     planned: int | None = None,
     reference: TokenReference | None = None,
+    byte_scale: float = 1.0,
 ) -> list[CheckResult]:
-    """The built-in checkers, in a fixed order, then the scenario's own in its order."""
+    """The built-in checkers, in a fixed order, then the scenario's own in its order; byte totals
+    in their messages are real-world (wire bytes x `byte_scale`), as in the report."""
     out = [
         check_nothing_lost(records, submitted_ids),
-        check_kv_accounted(records),
+        check_kv_accounted(records, byte_scale),
         check_no_unverified_decode(records),
     ]
     if planned is not None:

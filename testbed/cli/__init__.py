@@ -9,6 +9,8 @@ user error (bad config, bad arguments, a missing file) ends as one line on stder
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -45,4 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("testbed: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `testbed scenarios | head`: the reader left; not an error of ours
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return rc

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from testbed.planner import StagePlan, plan_deployment, plan_inputs
+from testbed.scenario.library import resolve_scenario
 from testbed.scenario.schema import Scenario, load_scenario
 from testbed.units import format_tokens
 
@@ -65,7 +66,7 @@ def render_table(plans: dict[str, StagePlan]) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    scenario = load_scenario(args.scenario)
+    scenario = load_scenario(resolve_scenario(args.scenario))
     plans = plan_scenario(scenario)
     if args.json:
         doc: dict[str, Any] = {
@@ -86,6 +87,6 @@ def add_parser(sub: Any) -> None:
         description="Print the planner's best operating point for every deployment of a "
         "scenario: lambda_max, threshold, instance split, stage throughputs and link egress.",
     )
-    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("scenario", help="scenario YAML file, or a library name (`testbed scenarios`)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_run)

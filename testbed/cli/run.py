@@ -14,19 +14,20 @@ from typing import Any
 from testbed.clock import LiveClock
 from testbed.errors import UserError
 from testbed.metrics.summary import to_text
+from testbed.scenario.library import LIBRARY_DIR, library_scenarios, resolve_scenario
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import load_scenario
 from testbed.substrate import SUBSTRATES
+from testbed.units import UnitError, parse_duration
 
-SCENARIO_DIR = Path("scenarios")
 
-
-def _positive_float(text: str) -> float:
+def _positive_duration(text: str) -> float:
+    """A duration flag: "20s", "2m", "500ms", or a bare number of seconds."""
     try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        v = parse_duration(text)
+    except UnitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     if v <= 0:
         raise argparse.ArgumentTypeError("must be greater than zero")
     return v
@@ -35,7 +36,7 @@ def _positive_float(text: str) -> float:
 def _run(args: argparse.Namespace) -> int:
     if args.substrate not in SUBSTRATES:
         raise UserError(f"substrate {args.substrate!r} is not available; use 'local' or 'compose'")
-    scenario = load_scenario(args.scenario)
+    scenario = load_scenario(resolve_scenario(args.scenario))
     out = Path(args.out) if args.out else Path("results") / scenario.name
     opts = RunOptions(
         substrate=args.substrate,
@@ -85,9 +86,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _list(_args: argparse.Namespace) -> int:
-    files = sorted(SCENARIO_DIR.glob("*.yaml"))
+    files = library_scenarios()
     if not files:
-        raise UserError(f"no scenarios in {SCENARIO_DIR}/ (run from the project root)")
+        raise UserError(f"no scenarios in {LIBRARY_DIR}/ (a broken installation)")
     width = max(len(f.stem) for f in files)
     for f in files:
         print(f"{f.stem.ljust(width)}  {load_scenario(f).description}")
@@ -101,15 +102,16 @@ def add_parser(sub: Any) -> None:
         description="Stand up the scenario's deployment, drive its workload, and write "
         "requests.jsonl, history.jsonl, summary.json, report.md and timeline.png.",
     )
-    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("scenario", help="scenario YAML file, or a library name (`testbed scenarios`)")
     p.add_argument("--substrate", default="local", choices=list(SUBSTRATES))
     p.add_argument("--policy", help="routing policy (default: the scenario's)")
     p.add_argument("--trace", help="Mooncake JSONL trace to replay")
     p.add_argument(
         "--duration",
-        type=_positive_float,
-        metavar="SECONDS",
-        help="real-world seconds of arrivals (default: the scenario's)",
+        type=_positive_duration,
+        metavar="DURATION",
+        help='real-world time of arrivals: "20s", "2m", "500ms"; a bare number is seconds '
+        "(default: the scenario's)",
     )
     p.add_argument("--out", metavar="DIR", help="results directory (default: results/NAME)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

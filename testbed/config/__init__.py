@@ -15,6 +15,7 @@ checkers, which sit above this package in the import layers.
 from __future__ import annotations
 
 from testbed.config.base import (
+    STRICT_UNITS,
     Bandwidth,
     Duration,
     PositiveDuration,
@@ -52,6 +53,7 @@ from testbed.config.workload import (
 
 __all__ = [
     "MAX_YAML_BYTES",
+    "STRICT_UNITS",
     "ArrivalsConfig",
     "Bandwidth",
     "ClusterConfig",

@@ -7,14 +7,23 @@ errors (a typo must not silently fall back to a default): every model derives fr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+)
 
 from testbed.units import parse_bandwidth, parse_duration, parse_size, parse_tokens
 
 __all__ = [
+    "STRICT_UNITS",
+    "UNIT_KINDS",
     "Bandwidth",
     "Duration",
     "PositiveDuration",
@@ -38,11 +47,55 @@ def _non_negative(v: float) -> float:
     return v
 
 
-Bandwidth = Annotated[float, BeforeValidator(parse_bandwidth), AfterValidator(_positive)]
-Size = Annotated[float, BeforeValidator(parse_size), AfterValidator(_non_negative)]
-Duration = Annotated[float, BeforeValidator(parse_duration), AfterValidator(_non_negative)]
-PositiveDuration = Annotated[float, BeforeValidator(parse_duration), AfterValidator(_positive)]
+STRICT_UNITS = {"strict_units": True}
+"""Validation context for what a person wrote (a YAML file): a duration, size or bandwidth must
+carry its unit. Python callers validate without it and pass SI numbers, as units.py says."""
+
+
+def _unitless(value: object) -> bool:
+    """A non-zero number with no unit: `rtt: 10` (10 s? 10 ms?) or `bandwidth: 100` (bytes/s?).
+    Zero needs no unit; it reads the same in all of them."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int | float):
+        return value != 0
+    if isinstance(value, str):
+        try:
+            return float(value) != 0
+        except ValueError:
+            return False
+    return False
+
+
+def _with_unit(parse: Callable[[object], float], kind: str, example: str) -> Any:
+    """`parse`, refusing a bare number when the value comes from a file (STRICT_UNITS)."""
+
+    def validate(value: object, info: ValidationInfo) -> float:
+        ctx = info.context
+        if isinstance(ctx, dict) and ctx.get("strict_units") and _unitless(value):
+            raise ValueError(f"{value!r} has no unit; write the {kind} with one, like {example}")
+        return parse(value)
+
+    return BeforeValidator(validate)
+
+
+_BANDWIDTH = _with_unit(parse_bandwidth, "bandwidth", '"100Gbps" or "12.5MB/s"')
+_SIZE = _with_unit(parse_size, "size", '"701.3MiB" or "64KB"')
+_DURATION = _with_unit(parse_duration, "duration", '"25ms" or "10s"')
+
+UNIT_KINDS: tuple[tuple[object, str], ...] = (
+    (_BANDWIDTH, "bandwidth"),
+    (_SIZE, "size"),
+    (_DURATION, "duration"),
+)
+"""Each unit validator and the kind of quantity it reads (testbed.config.catalog lists them)."""
+
+Bandwidth = Annotated[float, _BANDWIDTH, AfterValidator(_positive)]
+Size = Annotated[float, _SIZE, AfterValidator(_non_negative)]
+Duration = Annotated[float, _DURATION, AfterValidator(_non_negative)]
+PositiveDuration = Annotated[float, _DURATION, AfterValidator(_positive)]
 Tokens = Annotated[float, BeforeValidator(parse_tokens), AfterValidator(_positive)]
+"""Token counts may stay bare ("1024") or use K/M: a token is its own unit."""
 
 
 class StrictModel(BaseModel):

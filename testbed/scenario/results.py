@@ -73,6 +73,7 @@ def write_results(
             if rp.deployment.engine == "torch"
             else None
         ),
+        byte_scale=sc.scale.byte_scale,
     )
     summary["checks"] = [c.to_json() for c in checks]
     atomic_write(out / "summary.json", json.dumps(summary, indent=2) + "\n")

@@ -23,6 +23,7 @@ from pydantic_core import ErrorDetails
 
 from testbed.checkers import CHECKERS, CheckerConfig, checker_union
 from testbed.config import (
+    STRICT_UNITS,
     DeploymentConfig,
     FixedLengths,
     LengthsConfig,
@@ -38,9 +39,11 @@ from testbed.config import (
     literal_values,
     load_yaml,
 )
+from testbed.config.suggest import closest_field, fields_at
 from testbed.engine.torch.config import TinyConfig
 from testbed.errors import ConfigError
 from testbed.nemesis import ACTIONS, NemesisEvent, nemesis_union
+from testbed.policy import POLICIES
 
 __all__ = ["CheckerAction", "NemesisAction", "Scenario", "load_scenario"]
 
@@ -77,6 +80,15 @@ class Scenario(StrictModel):
             raise ValueError(
                 f"deployment {self.deployment!r} is not one of: {', '.join(self.deployments)}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _policy_is_known(self) -> Scenario:
+        """Every command that reads the scenario (run, plan, sweep) refuses a policy name that
+        nothing implements, rather than planning for it and failing later."""
+        if self.policy.name not in POLICIES:
+            known = ", ".join(sorted(POLICIES))
+            raise ValueError(f"policy.name: unknown policy {self.policy.name!r}; known: {known}")
         return self
 
     @model_validator(mode="after")
@@ -184,13 +196,21 @@ def _describe(err: ErrorDetails) -> tuple[str, str]:
             return entry, f"field {name!r} does not apply to {union.tag} {tag!r}"
     if kind == "extra_forbidden":
         msg = "unknown field"
+        if loc and isinstance(loc[-1], str):
+            near = closest_field(loc[-1], fields_at(Scenario, loc[:-1]))
+            if near is not None:
+                msg += f"; did you mean {near!r}?"
     elif kind == "missing":
         msg = "missing field"
     return where, msg
 
 
 def _format_validation_error(path: Path, exc: ValidationError) -> str:
-    where, msg = _describe(exc.errors()[0])
+    errors = exc.errors()
+    # A typo shows up twice (the misspelt field is unknown, the real one missing): the unknown
+    # one is the cause, and it carries the suggestion.
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    where, msg = _describe(first)
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     if not where:  # a check across fields: its message starts with the field to fix
         return f"{path}: {msg}{more}"
@@ -205,7 +225,7 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ConfigError(f"{p}: expected a mapping of scenario fields at the top level")
     data.setdefault("name", p.stem)
     try:
-        scenario = Scenario.model_validate(data)
+        scenario = Scenario.model_validate(data, context=STRICT_UNITS)
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(p, exc)) from None
     return _resolve_paths(scenario, p.parent)

@@ -53,7 +53,9 @@ def test_all_pass_on_good_records() -> None:
     assert [r.name for r in results] == ["nothing_lost", "kv_accounted", "no_unverified_decode"]
     assert all(isinstance(r, CheckResult) and r.ok for r in results), results
     assert results[0].detail == "4 submitted, 3 completed, 1 failed"
-    assert "expected 2000, sent 2000, received 2000" in results[1].detail
+    assert "KV 1.953KiB real-world expected = sent = received (wire bytes 2000 / 2000 / 2000)" in (
+        results[1].detail
+    )
 
 
 @pytest.mark.parametrize(
