@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from testbed.cli.progress import ProgressDisplay
 from testbed.clock import LiveClock
 from testbed.errors import UserError
 from testbed.metrics.summary import to_text
@@ -55,28 +56,17 @@ def _run(args: argparse.Namespace) -> int:
         f"testbed: {scenario.name}: {rp.policy} on {rp.deployment_name} "
         f"({(rp.deployment.prfaas.instances if rp.deployment.prfaas else 0)} PrfaaS + "
         f"{rp.n_prefill} PD-P + {rp.n_decode} PD-D){threshold}; {len(rp.requests)} requests at "
-        f"{rate} over {rp.duration_s:.0f}s real-world (~{wall:.0f}s wall at time_scale "
-        f"{clock.time_scale:g}, "
-        f"byte_scale {scenario.scale.byte_scale:g})",
+        f"{rate} over {rp.duration_s:.0f}s real-world: arrivals take ~{wall:.0f}s wall at "
+        f"time_scale {clock.time_scale:g} (byte_scale {scenario.scale.byte_scale:g}), plus "
+        "start-up, the drain of what is in flight, and writing the results",
         file=sys.stderr,
     )
-    bar: Any = None
-    if opts.progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(rp.requests), unit="req", desc="requests", file=sys.stderr)
-
-    def progress(done: int, submitted: int) -> None:
-        if bar is not None:
-            bar.n = done
-            bar.set_postfix(submitted=submitted, in_flight=submitted - done, refresh=False)
-            bar.refresh()
-
+    display = ProgressDisplay(bar=True) if opts.progress else None
     try:
-        result = asyncio.run(run_scenario(rp, opts, progress))
+        result = asyncio.run(run_scenario(rp, opts, display))
     finally:
-        if bar is not None:
-            bar.close()
+        if display is not None:
+            display.close()
     print(to_text(result.summary))
     for check in result.checks:
         shown = {"ok": "ok", "failed": "FAILED", "vacuous": "VACUOUS"}[check.verdict]

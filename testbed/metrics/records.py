@@ -14,12 +14,12 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from testbed.metrics.files import write_jsonl_atomic
+from testbed.metrics.files import Journal, write_jsonl_atomic
 
 Status = Literal["completed", "failed"]
 Route = Literal["prfaas", "local"]
 
-__all__ = ["HistoryEvent", "RequestRecord", "read_jsonl", "write_jsonl"]
+__all__ = ["HistoryEvent", "JournaledHistory", "RequestRecord", "read_jsonl", "write_jsonl"]
 
 
 @dataclass
@@ -124,3 +124,17 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
         for line in fh:
             if line.strip():
                 yield json.loads(line)
+
+
+class JournaledHistory(list[HistoryEvent]):
+    """A run's history, journaled to history.jsonl as it grows (`Journal`), so a killed runner
+    leaves every event it had recorded."""
+
+    def __init__(self, journal: Journal | None = None) -> None:
+        super().__init__()
+        self.journal = journal
+
+    def append(self, event: HistoryEvent) -> None:
+        super().append(event)
+        if self.journal is not None:
+            self.journal.append(event.to_json())

@@ -12,7 +12,7 @@ import dataclasses
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from testbed.checkers import checkers_fit
 from testbed.config import DeploymentConfig
@@ -45,6 +45,38 @@ class RunOptions:
     progress: bool = True
     drain_timeout_s: float = 120.0
     """Wall seconds to wait for in-flight requests after the last arrival."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a run stands, for a progress display: in the units the report uses (real-world
+    seconds of workload, requests), with start-up and the results phase apart from the run."""
+
+    phase: Literal["starting", "running", "draining", "results"]
+    done: int = 0
+    """Requests ended (completed or failed)."""
+    submitted: int = 0
+    planned: int = 0
+    workload_s: float = 0.0
+    """Real-world seconds since the first arrival's origin (0 while starting)."""
+    duration_s: float = 0.0
+    """Real-world seconds of arrivals the run plans."""
+    services: int = 0
+    """Services the substrate starts (shown while starting)."""
+
+    @classmethod
+    def of(cls, rp: RunPlan, now: float, done: int, submitted: int) -> Progress:
+        """A run at real-world time `now` of its load: arriving until the plan's arrivals are
+        all submitted (or its duration is over), then draining."""
+        arriving = now < rp.duration_s and submitted < len(rp.requests)
+        return cls(
+            "running" if arriving else "draining",
+            done=done,
+            submitted=submitted,
+            planned=len(rp.requests),
+            workload_s=min(max(now, 0.0), rp.duration_s),
+            duration_s=rp.duration_s,
+        )
 
 
 @dataclass

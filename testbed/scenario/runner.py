@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import signal
 from collections.abc import Callable
@@ -26,10 +27,10 @@ from testbed.clock import LiveClock
 from testbed.kvcache.manager import cluster_capacities
 from testbed.link.deployment import LinkSetup
 from testbed.metrics.files import Journal, write_jsonl_atomic
-from testbed.metrics.records import HistoryEvent, RequestRecord
+from testbed.metrics.records import HistoryEvent, JournaledHistory, RequestRecord
 from testbed.nemesis import NemesisPlayer, stop_player
 from testbed.policy import get_policy
-from testbed.scenario.plan import RunOptions, RunPlan, RunResult
+from testbed.scenario.plan import Progress, RunOptions, RunPlan, RunResult
 from testbed.scenario.results import write_results
 from testbed.services.spec import InstanceInfo, SchedulerSpec, ServiceSpec
 from testbed.substrate import make_substrate
@@ -59,19 +60,6 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """Signals that end a run early but cleanly: stop submitting, fail in-flight, write everything."""
 
 
-class _History(list[HistoryEvent]):
-    """The run's history, journaled to history.jsonl as it grows (see testbed.metrics.files)."""
-
-    def __init__(self, journal: Journal | None = None) -> None:
-        super().__init__()
-        self.journal = journal
-
-    def append(self, event: HistoryEvent) -> None:
-        super().append(event)
-        if self.journal is not None:
-            self.journal.append(event.to_json())
-
-
 def _shift(rec: RequestRecord, to_load: Callable[[float], float]) -> RequestRecord:
     for name in _TIME_FIELDS:
         v = getattr(rec, name)
@@ -97,7 +85,7 @@ class _Run:
         self.link: LinkSetup | None = None
         self.records: dict[str, RequestRecord] = {}
         self.record_journal: Journal | None = None
-        self.history = _History()
+        self.history = JournaledHistory()
         self.submitted: list[str] = []
         self.stop = asyncio.Event()
         self.interrupted = False
@@ -107,7 +95,7 @@ class _Run:
         """Highest `seq` of the router's events in the history (scheduler.state)."""
 
     def journal_to(self, out_dir: Path) -> None:
-        """Append records and history events to their files as they happen (see `_History`)."""
+        """Append records and history events to their files as they happen."""
         self.record_journal = Journal(out_dir / "requests.jsonl")
         self.history.journal = Journal(out_dir / "history.jsonl")
 
@@ -329,7 +317,10 @@ class _Run:
                     self.history.append(HistoryEvent(t, "link", sample))
             await asyncio.sleep(SAMPLE_INTERVAL_S)
 
-    async def drive(self, on_progress: Callable[[int, int], None]) -> None:
+    def progress(self) -> Progress:
+        return Progress.of(self.rp, self.clock.now(), len(self.records), len(self.submitted))
+
+    async def drive(self, on_progress: Callable[[Progress], None]) -> None:
         reqs = self.rp.requests
         self.clock = self.service_clock.rebased()  # real-world 0: the first arrival's origin
         last_arrival = reqs[-1].arrival
@@ -376,7 +367,7 @@ class _Run:
                         )
                         break
                     _, pending = await asyncio.wait(pending, timeout=0.5)
-                    on_progress(len(self.records), len(self.submitted))
+                    on_progress(self.progress())
             finally:
                 self.stop.set()
                 for task in pending:
@@ -388,7 +379,7 @@ class _Run:
                 await stop_player(nemesis)
                 await self._end_events(session, follower)
                 await self._engine_stats(session)
-            on_progress(len(self.records), len(self.submitted))
+            on_progress(self.progress())
 
     async def _scheduler_events(self, session: aiohttp.ClientSession) -> None:
         """Follow the router's event stream (GET /events) into the history as it happens:
@@ -446,12 +437,13 @@ class _Run:
 
 
 async def run_scenario(
-    rp: RunPlan, opts: RunOptions, on_progress: Callable[[int, int], None] | None = None
+    rp: RunPlan, opts: RunOptions, on_progress: Callable[[Progress], None] | None = None
 ) -> RunResult:
     """Run one prepared scenario live and write its results to `opts.out_dir`."""
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     run = _Run(rp, opts)
     run.journal_to(opts.out_dir)
+    report = on_progress or (lambda progress: None)
     loop = asyncio.get_running_loop()
 
     def _interrupt(sig: int) -> None:
@@ -470,10 +462,14 @@ async def run_scenario(
             installed.append(sig)
     try:
         try:
+            dep = rp.deployment
+            services = 1 + dep.local.instances + (dep.prfaas.instances if dep.prfaas else 0)
+            report(Progress("starting", planned=len(rp.requests), services=services))
             await run.start()
-            await run.drive(on_progress or (lambda done, submitted: None))
+            await run.drive(report)
         finally:
             await run.shutdown()
+        report(dataclasses.replace(run.progress(), phase="results"))
         run.close_journals()
         records = [run.records[i] for i in run.submitted if i in run.records]
         write_jsonl_atomic(opts.out_dir / "history.jsonl", (e.to_json() for e in run.history))

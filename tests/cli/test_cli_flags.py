@@ -15,7 +15,7 @@ import pytest
 
 from testbed import __version__
 from testbed.cli import main
-from testbed.scenario.plan import RunOptions, RunPlan, RunResult
+from testbed.scenario.plan import Progress, RunOptions, RunPlan, RunResult
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "tests" / "data" / "tiny.yaml")
@@ -37,7 +37,8 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[RunPlan, RunOptions]]:
     async def fake_run(rp: RunPlan, opts: RunOptions, progress: Any = None) -> RunResult:
         seen.append((rp, opts))
         if progress is not None:
-            progress(0, 0)
+            progress(Progress("starting", planned=1, services=4))
+            progress(Progress("running", submitted=1, planned=1, workload_s=1, duration_s=2))
         return RunResult(opts.out_dir, [], [], {}, [])
 
     monkeypatch.setattr(cli_run, "run_scenario", fake_run)

@@ -110,3 +110,28 @@ async def test_openai_client_streams_a_completion(tmp_path: Path) -> None:
         await run.shutdown()
     assert os.path.exists(tmp_path / "logs" / "router.log")
     await asyncio.sleep(0)
+
+
+async def test_progress_reports_phases_in_real_world_units(tmp_path: Path) -> None:
+    """#17 item 7: start-up apart from the run, then the load in real-world seconds, then the
+    results; the last running report accounts for every request."""
+    from testbed.scenario.plan import Progress
+    from testbed.scenario.runner import run_scenario
+
+    scenario = load_scenario(TINY)
+    opts = RunOptions(out_dir=tmp_path, progress=True)
+    rp = prepare_run(scenario, opts)
+    seen: list[Progress] = []
+    result = await run_scenario(rp, opts, seen.append)
+    phases = [p.phase for p in seen]
+    assert phases[0] == "starting" and seen[0].services == 4  # 1 PrfaaS + 1 PD-P + 1 PD-D + router
+    assert phases[-1] == "results"
+    assert "running" in phases
+    order = {"starting": 0, "running": 1, "draining": 2, "results": 3}
+    assert [order[p] for p in phases] == sorted(order[p] for p in phases)  # never goes back
+    workload = [p.workload_s for p in seen if p.phase in ("running", "draining")]
+    assert workload == sorted(workload)
+    assert workload[0] >= 0 and workload[-1] == pytest.approx(rp.duration_s)
+    last = seen[-1]
+    assert last.done == last.submitted == result.summary["requests"]["submitted"]
+    assert last.planned == len(rp.requests)
