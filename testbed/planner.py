@@ -16,6 +16,7 @@ all prefill on PrfaaS (p = 1) and all decode locally.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass
 from typing import Protocol
@@ -23,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from testbed.config import DeploymentConfig, PlannerConfig, SloConfig, WorkloadConfig
-from testbed.profiles import MODELS, ModelProfile
+from testbed.profiles import HARDWARE, MODELS, ModelProfile
 from testbed.workload.build import length_distribution
 from testbed.workload.lengths import LengthDistribution
 
@@ -85,6 +86,12 @@ class StagePlan:
     bs_max: int
     t_decode_s: float
     bottleneck: str
+    gpus: int = 0
+    """Accelerators of the deployment (every instance, used or not), for per-GPU figures."""
+
+    @property
+    def lambda_max_per_gpu(self) -> float:
+        return self.lambda_max_rps / self.gpus if self.gpus else 0.0
 
     def to_json(self) -> dict[str, float | int | str | None]:
         out = asdict(self)
@@ -222,4 +229,7 @@ def plan_deployment(
             )
             best = (key, plan)
     assert best is not None
-    return best[1]
+    gpus = n_local * HARDWARE[deployment.local.hardware].gpus
+    if deployment.prfaas is not None:
+        gpus += n_prfaas_total * HARDWARE[deployment.prfaas.hardware].gpus
+    return dataclasses.replace(best[1], gpus=gpus)

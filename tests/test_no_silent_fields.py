@@ -34,6 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 Tests = str | tuple[str, ...]
 
+PROF = "tests/profiles/test_profile_files.py::"
+LIB_LIVE = "tests/chaos/test_library.py::test_scenario_passes_its_checkers"
+
 # Test modules the rows point into (most rows cite one of these).
 PREP = "tests/scenario/test_prepare_fields.py::"
 RUN = "tests/scenario/test_runner_specs.py::"
@@ -63,6 +66,31 @@ LOOP_PLAN = KNOB + "test_the_loops_plan_with_the_specs_deployment_lengths_output
 EVERY_SPEC = RUN + "test_every_service_gets_the_runs_scale_model_slo_and_seeds"
 
 FIELDS: dict[str, Tests] = {
+    # user profiles (testbed.config.profiles, #17 item 5)
+    "Scenario.profiles": (PROF + "test_a_scenario_plans_and_prepares_with_a_user_profile", LIB_LIVE),
+    "ServiceSpec.profiles": (PROF + "test_services_register_the_profiles_their_spec_carries", LIB_LIVE),
+    "ProfileFile.model": PROF + "test_a_scenario_plans_and_prepares_with_a_user_profile",
+    "ProfileFile.hardware": PROF + "test_a_scenario_plans_and_prepares_with_a_user_profile",
+    "ModelEntry.name": PROF + "test_a_scenario_plans_and_prepares_with_a_user_profile",
+    "ModelEntry.description": PROF + "test_gpus_and_descriptions_name_the_hardware",
+    "ModelEntry.layers": PROF + "test_layers_split_into_full_and_linear_kinds",
+    "ModelEntry.kv": PROF + "test_kv_per_token_and_state_set_the_kv_size",
+    "LayersConfig.full": PROF + "test_layers_split_into_full_and_linear_kinds",
+    "LayersConfig.linear": PROF + "test_layers_split_into_full_and_linear_kinds",
+    "KvConfig.per_token": PROF + "test_kv_per_token_and_state_set_the_kv_size",
+    "KvConfig.state": PROF + "test_kv_per_token_and_state_set_the_kv_size",
+    "KvConfig.curve": PROF + "test_kv_curve_knots_set_the_kv_size",
+    "SizeKnot.tokens": PROF + "test_kv_curve_knots_set_the_kv_size",
+    "SizeKnot.size": PROF + "test_kv_curve_knots_set_the_kv_size",
+    "HardwareEntry.prefill": PROF + "test_prefill_knots_set_the_prefill_time",
+    "TimeKnot.tokens": PROF + "test_prefill_knots_set_the_prefill_time",
+    "TimeKnot.time": PROF + "test_prefill_knots_set_the_prefill_time",
+    "HardwareEntry.decode": PROF + "test_decode_sets_the_step_model_and_batch",
+    "DecodeConfig.step_base": PROF + "test_decode_sets_the_step_model_and_batch",
+    "DecodeConfig.step_per_seq": PROF + "test_decode_sets_the_step_model_and_batch",
+    "DecodeConfig.max_batch": PROF + "test_decode_sets_the_step_model_and_batch",
+    "HardwareEntry.gpus": (PROF + "test_gpus_and_descriptions_name_the_hardware", PROF + "test_a_scenario_plans_and_prepares_with_a_user_profile"),
+    "HardwareEntry.description": PROF + "test_gpus_and_descriptions_name_the_hardware",
     # --- the scenario file
     "Scenario.seed": (PREP + "test_seed_draws_other_requests", EVERY_SPEC),
     "Scenario.duration": PREP + "test_duration_bounds_the_arrivals",
@@ -331,11 +359,17 @@ TC_UP = CLI + "test_link_tc_up_and_rate_flags"
 TC_ARGS = "tests/link/test_tc_command_args.py::test_qdisc_one_way_and_wire"
 TC_LIVE = "tests/link/test_link_tc.py::test_pair_shapes_and_rate_changes_live"
 SERVE = CLI + "test_link_serve_flags"
+FIT = "tests/profiles/test_profile_fit.py::"
+FIT_FLAGS = FIT + "test_cli_flags_reach_the_fit"
 VERIFY = CLI + "test_verify_model_flags"
 COMPOSE = CLI + "test_compose_command_flags"
 
 FLAGS: dict[str, Tests] = {
     "testbed --version": CLI + "test_version",
+    "testbed profile fit --form": FIT_FLAGS,
+    "testbed profile fit --json": FIT_FLAGS,
+    "testbed profile fit --max-knots": (FIT_FLAGS, FIT + "test_tolerance_and_knot_budget_change_the_fit"),
+    "testbed profile fit --tolerance": (FIT_FLAGS, FIT + "test_tolerance_and_knot_budget_change_the_fit"),
     "testbed plan --json": (
         "tests/cli/test_cli_plan.py::test_plan_json_has_every_deployment",
         "tests/cli/test_cli_plan.py::test_plan_table_is_readable",

@@ -53,6 +53,10 @@ def render_table(plans: dict[str, StagePlan]) -> str:
         ("egress (Gbps)", [f"{p.egress_gbps:.1f}" for p in plans.values()]),
         ("BS_max @ T_decode", [f"{p.bs_max} @ {p.t_decode_s * 1e3:.0f}ms" for p in plans.values()]),
         ("bottleneck", [p.bottleneck for p in plans.values()]),
+        (
+            "GPUs (req/s per GPU)",
+            [f"{p.gpus} ({p.lambda_max_per_gpu:.4f})" for p in plans.values()],
+        ),
     ]
     header = ["", *plans.keys()]
     widths = [max(len(r[0]) for r in rows)] + [

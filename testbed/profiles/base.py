@@ -43,10 +43,12 @@ class Curve:
 
 @dataclass(frozen=True)
 class HardwareProfile:
-    """One serving instance (8 GPUs)."""
+    """One serving instance: `gpus` accelerators (the paper's are 8-GPU nodes), named so that
+    figures can be given per GPU."""
 
     name: str
     description: str
+    gpus: int = 8
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,7 @@ class _Run:
             model_seed=dep.tiny_model.seed,
             model_dtype=dep.tiny_model.dtype,
             prompt_seed=self.rp.scenario.seed,
+            profiles=list(self.rp.scenario.profiles),
         )
 
     async def _start_all(self, specs: list[ServiceSpec]) -> list[ServiceHandle]:

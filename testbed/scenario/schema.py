@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Annotated, Any, get_args
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
 from testbed.checkers import CHECKERS, CheckerConfig, checker_union
@@ -39,6 +39,7 @@ from testbed.config import (
     literal_values,
     load_yaml,
 )
+from testbed.config.profiles import ProfileFile, load_profile_file, register_profile
 from testbed.config.suggest import closest_field, fields_at
 from testbed.engine.torch.config import TinyConfig
 from testbed.errors import ConfigError
@@ -57,11 +58,25 @@ else:
 (for a type checker, their base class)."""
 
 
+def _registered(doc: ProfileFile) -> ProfileFile:
+    try:
+        register_profile(doc)
+    except ValueError as exc:  # a name that already means something else
+        raise ValueError(str(exc)) from None
+    return doc
+
+
 class Scenario(StrictModel):
     """A deployment (or several, for comparison), a workload, a policy and a run length."""
 
     name: str = ""
     description: str = ""
+    profiles: list[Annotated[ProfileFile, AfterValidator(_registered)]] = Field(
+        default_factory=list,
+        description="user model/hardware profile files (paths relative to the scenario file)",
+    )
+    """Before `deployments`: fields are validated in order, and a deployment's `model` and
+    `hardware` must already be known by name."""
     seed: int = Field(0, ge=0, lt=2**63)
     duration: PositiveDuration = 60.0
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
@@ -224,6 +239,11 @@ def load_scenario(path: str | Path) -> Scenario:
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a mapping of scenario fields at the top level")
     data.setdefault("name", p.stem)
+    profiles = data.get("profiles")
+    if isinstance(profiles, list):  # paths: each file reports its own errors, by its own name
+        data["profiles"] = [
+            load_profile_file(p.parent / f) if isinstance(f, str) else f for f in profiles
+        ]
     try:
         scenario = Scenario.model_validate(data, context=STRICT_UNITS)
     except ValidationError as exc:

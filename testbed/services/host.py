@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from testbed.config.profiles import register_profile
 from testbed.lifeline import die_with_parent
 from testbed.services.spec import ServiceSpec
 from testbed.serving import DEFAULT_LIMITS, ServingLimits, start_http
@@ -79,12 +80,21 @@ def _factory(role: str) -> AppFactory:
     return decode_app
 
 
+def load_spec(text: str) -> ServiceSpec:
+    """The service's spec, with the scenario's own profiles registered before anything looks a
+    model or hardware up by name."""
+    spec = ServiceSpec.model_validate_json(text)
+    for doc in spec.profiles:
+        register_profile(doc)
+    return spec
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m testbed.services.host SPEC_JSON", file=sys.stderr)
         return 2
-    spec = ServiceSpec.model_validate_json(args[0])
+    spec = load_spec(args[0])
     die_with_parent()  # started by a runner: never outlive it (testbed.lifeline)
     try:
         import uvloop

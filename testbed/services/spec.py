@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from testbed.config.profiles import ProfileFile
 from testbed.scheduler.spec import SchedulerSpec
 
 __all__ = ["InstanceInfo", "SchedulerSpec", "ServiceSpec"]
@@ -58,6 +59,9 @@ class ServiceSpec(BaseModel):
     """prefill and pd: the KV receivers (host, port) this instance may send KV to: the
     deployment's decode KV ports and link routes (services/kv_targets.py). None: not known when
     it starts (pd instances start with the decode ones); the first POST /targets sets them."""
+    profiles: list[ProfileFile] = Field(default_factory=list)
+    """User model/hardware profiles the scenario brought (testbed.config.profiles): every
+    process registers them at start, so `model` and `hardware` may name them."""
     engine: Literal["emulated", "torch"] = "emulated"
     """torch: prefill and decode run the tiny real model (testbed.services.engines.torch); the
     router sends token ids and records the generated ones."""

@@ -14,6 +14,7 @@ import pytest
 from testbed.cli import main
 from testbed.config import LinkConfig
 from testbed.config.catalog import unit_fields
+from testbed.config.profiles import ProfileFile
 from testbed.errors import ConfigError, UserError
 from testbed.scenario.library import LIBRARY_DIR, resolve_scenario
 from testbed.scenario.schema import Scenario, load_scenario
@@ -174,6 +175,10 @@ def test_duration_flag_refuses_nonsense(text: str, capsys: pytest.CaptureFixture
 def test_docs_list_every_field_that_needs_a_unit() -> None:
     docs = (ROOT / "docs" / "scenarios.md").read_text()
     section = docs[docs.index("## Fields that need a unit") :]
-    missing = [p for p in unit_fields(Scenario) if f"`{p}`" not in section]
+    in_scenario = [p for p in unit_fields(Scenario) if not p.startswith("profiles[]")]
+    missing = [p for p in in_scenario if f"`{p}`" not in section]
     assert not missing, f"docs/scenarios.md does not list: {missing}"
     assert "`deployments.*.link.rtt`" in section
+    profiles = (ROOT / "docs" / "profiles.md").read_text()
+    missing = [p for p in unit_fields(ProfileFile) if f"`{p}`" not in profiles]
+    assert not missing, f"docs/profiles.md does not list: {missing}"
