@@ -67,8 +67,14 @@ EVERY_SPEC = RUN + "test_every_service_gets_the_runs_scale_model_slo_and_seeds"
 
 FIELDS: dict[str, Tests] = {
     # user profiles (testbed.config.profiles, #17 item 5)
-    "Scenario.profiles": (PROF + "test_a_scenario_plans_and_prepares_with_a_user_profile", LIB_LIVE),
-    "ServiceSpec.profiles": (PROF + "test_services_register_the_profiles_their_spec_carries", LIB_LIVE),
+    "Scenario.profiles": (
+        PROF + "test_a_scenario_plans_and_prepares_with_a_user_profile",
+        LIB_LIVE,
+    ),
+    "ServiceSpec.profiles": (
+        PROF + "test_services_register_the_profiles_their_spec_carries",
+        LIB_LIVE,
+    ),
     "ProfileFile.model": PROF + "test_a_scenario_plans_and_prepares_with_a_user_profile",
     "ProfileFile.hardware": PROF + "test_a_scenario_plans_and_prepares_with_a_user_profile",
     "ModelEntry.name": PROF + "test_a_scenario_plans_and_prepares_with_a_user_profile",
@@ -89,7 +95,10 @@ FIELDS: dict[str, Tests] = {
     "DecodeConfig.step_base": PROF + "test_decode_sets_the_step_model_and_batch",
     "DecodeConfig.step_per_seq": PROF + "test_decode_sets_the_step_model_and_batch",
     "DecodeConfig.max_batch": PROF + "test_decode_sets_the_step_model_and_batch",
-    "HardwareEntry.gpus": (PROF + "test_gpus_and_descriptions_name_the_hardware", PROF + "test_a_scenario_plans_and_prepares_with_a_user_profile"),
+    "HardwareEntry.gpus": (
+        PROF + "test_gpus_and_descriptions_name_the_hardware",
+        PROF + "test_a_scenario_plans_and_prepares_with_a_user_profile",
+    ),
     "HardwareEntry.description": PROF + "test_gpus_and_descriptions_name_the_hardware",
     # --- the scenario file
     "Scenario.seed": (PREP + "test_seed_draws_other_requests", EVERY_SPEC),
@@ -368,8 +377,14 @@ FLAGS: dict[str, Tests] = {
     "testbed --version": CLI + "test_version",
     "testbed profile fit --form": FIT_FLAGS,
     "testbed profile fit --json": FIT_FLAGS,
-    "testbed profile fit --max-knots": (FIT_FLAGS, FIT + "test_tolerance_and_knot_budget_change_the_fit"),
-    "testbed profile fit --tolerance": (FIT_FLAGS, FIT + "test_tolerance_and_knot_budget_change_the_fit"),
+    "testbed profile fit --max-knots": (
+        FIT_FLAGS,
+        FIT + "test_tolerance_and_knot_budget_change_the_fit",
+    ),
+    "testbed profile fit --tolerance": (
+        FIT_FLAGS,
+        FIT + "test_tolerance_and_knot_budget_change_the_fit",
+    ),
     "testbed plan --json": (
         "tests/cli/test_cli_plan.py::test_plan_json_has_every_deployment",
         "tests/cli/test_cli_plan.py::test_plan_table_is_readable",
