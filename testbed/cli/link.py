@@ -25,7 +25,9 @@ def _run_serve(args: argparse.Namespace) -> int:
     from testbed.link.server import serve
 
     die_with_parent()  # started by a runner: never outlive it (testbed.lifeline)
-    coro = serve(args.host, args.port, seed=args.seed, config=args.config)
+    coro = serve(
+        args.host, args.port, seed=args.seed, config=args.config, listen_netns=args.listen_netns
+    )
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
@@ -104,6 +106,11 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--port", type=int, default=8474, help="API port (default 8474; 0 = any)")
     s.add_argument("--config", help="Toxiproxy JSON file of proxies to create at start")
     s.add_argument("--seed", type=int, help="seed for jitter and toxicity (reproducible runs)")
+    s.add_argument(
+        "--listen-netns",
+        metavar="NS",
+        help="proxies listen inside this network namespace (a kernel-shaped link, shaper tc)",
+    )
     s.set_defaults(func=_run_serve)
 
     t = lsub.add_parser("tc", help="kernel shaping: namespaces joined by a veth pair (root)")

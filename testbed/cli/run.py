@@ -44,6 +44,7 @@ def _run(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         out_dir=out,
         progress=not args.quiet,
+        shaper=args.shaper,
     )
     rp = prepare_run(scenario, opts)
     clock = LiveClock.paced(scenario.scale)
@@ -59,6 +60,8 @@ def _run(args: argparse.Namespace) -> int:
         f"byte_scale {scenario.scale.byte_scale:g})",
         file=sys.stderr,
     )
+    if rp.shaper_note is not None:
+        print(f"testbed: link shaper: {rp.shaper_note}", file=sys.stderr)
     bar: Any = None
     if opts.progress:
         from tqdm import tqdm
@@ -110,6 +113,11 @@ def add_parser(sub: Any) -> None:
         type=_positive_float,
         metavar="SECONDS",
         help="real-world seconds of arrivals (default: the scenario's)",
+    )
+    p.add_argument(
+        "--shaper",
+        choices=("emulator", "tc"),
+        help="what caps the link's bandwidth (default: the scenario's link.shaper)",
     )
     p.add_argument("--out", metavar="DIR", help="results directory (default: results/NAME)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

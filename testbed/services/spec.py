@@ -58,6 +58,10 @@ class ServiceSpec(BaseModel):
     """prefill and pd: the KV receivers (host, port) this instance may send KV to: the
     deployment's decode KV ports and link routes (services/kv_targets.py). None: not known when
     it starts (pd instances start with the decode ones); the first POST /targets sets them."""
+    kv_netns: str | None = None
+    """prefill (PrfaaS cluster) with `link.shaper: tc` on the local substrate: the network
+    namespace its KV connections are opened in, the PrfaaS side of the kernel-shaped veth
+    (testbed.transfer.netns); None: this process's own namespace."""
     engine: Literal["emulated", "torch"] = "emulated"
     """torch: prefill and decode run the tiny real model (testbed.services.engines.torch); the
     router sends token ids and records the generated ones."""

@@ -44,6 +44,14 @@ class Link:
         self.set_to.append(real_bytes_per_s)
         self.configured_bytes_per_s = real_bytes_per_s
 
+    async def partition(self) -> None:  # as LinkSetup does without a kernel shaper
+        for proxy in self.proxies:
+            await self.client.disable(proxy)
+
+    async def heal(self) -> None:
+        for proxy in self.proxies:
+            await self.client.enable(proxy)
+
 
 class Processes:
     def __init__(self) -> None:

@@ -1,5 +1,7 @@
 """partition: `mode: disable` closes the link proxies (connections reset, new ones refused);
-`mode: timeout` black-holes data instead and closes a connection after `timeout` of quiet."""
+`mode: timeout` black-holes data instead and closes a connection after `timeout` of quiet.
+With the kernel shaper (`link.shaper: tc`) `disable` also drops every packet on the link's veth
+until the end (LinkSetup.partition / heal)."""
 
 from __future__ import annotations
 
@@ -36,15 +38,13 @@ class PartitionFault(ToxicFault[PartitionAction]):
     async def start(self, ctx: NemesisContext) -> dict[str, Any]:
         if self.event.mode == "timeout":
             return {"mode": "timeout", **await super().start(ctx)}
-        link, client = link_of(ctx)
-        for proxy in link.proxies:
-            await client.disable(proxy)
+        link, _ = link_of(ctx)
+        await link.partition()
         return {"mode": "disable", "proxies": len(link.proxies)}
 
     async def end(self, ctx: NemesisContext) -> dict[str, Any]:
         if self.event.mode == "timeout":
             return await super().end(ctx)
-        link, client = link_of(ctx)
-        for proxy in link.proxies:
-            await client.enable(proxy)
+        link, _ = link_of(ctx)
+        await link.heal()
         return {}
