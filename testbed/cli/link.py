@@ -1,7 +1,7 @@
 """`testbed link ...` subcommands: run the emulator, and shape a namespace pair with tc.
 
     testbed link serve [--host H] [--port P] [--config FILE] [--seed N]
-    testbed link tc up|rate|show|down ...
+    testbed link tc up|rate|show|down ...   (down --stale: what killed runs left behind)
 
 Each subcommand sets `func(args) -> exit code`; mistakes a person can fix raise UserError,
 which the main CLI prints as one line (exit code 2).
@@ -81,7 +81,7 @@ def _run_tc_show(args: argparse.Namespace) -> int:
 def _run_tc_down(args: argparse.Namespace) -> int:
     from testbed.link import tc
 
-    removed = tc.teardown(args.name, all_mine=args.all)
+    removed = tc.teardown(args.name, all_mine=args.all, stale=args.stale)
     print("removed: " + (", ".join(removed) if removed else "nothing"))
     return 0
 
@@ -145,5 +145,11 @@ def add_parser(sub: Any) -> None:
 
     down = tsub.add_parser("down", help="delete the namespaces of a pair")
     down.add_argument("--name", default="link")
-    down.add_argument("--all", action="store_true", help="every tbl-* namespace this tool made")
+    which = down.add_mutually_exclusive_group()
+    which.add_argument("--all", action="store_true", help="every tbl-* namespace this tool made")
+    which.add_argument(
+        "--stale",
+        action="store_true",
+        help="the namespaces of runs whose process is gone (tbl-r<pid>-*, killed or crashed)",
+    )
     down.set_defaults(func=_run_tc_down)

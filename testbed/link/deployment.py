@@ -85,9 +85,9 @@ class KernelShaper(Protocol):
 
     async def mend(self) -> None: ...
 
-    async def counters(self) -> dict[str, Any]:
+    async def counters(self) -> dict[str, Any] | None:
         """Cumulative qdisc `bytes`, `packets`, `drops`, `overlimits` (wire bytes, emulated)
-        and the wire `rate` in force."""
+        and the wire `rate` in force; None to skip this sample."""
         ...
 
 
@@ -182,6 +182,8 @@ class LinkSetup:
         try:
             c = await kernel.counters()
         except Exception:  # a sample missed is a gap in a plot, not a failed run
+            return None
+        if c is None:
             return None
         now = asyncio.get_running_loop().time()
         total = float(c["bytes"]) / WIRE_PER_PAYLOAD
