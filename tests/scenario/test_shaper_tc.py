@@ -108,6 +108,7 @@ def test_bandwidth_drop_with_the_kernel_shaper(substrate: str, tmp_path: Path) -
     assert best_in_drop >= 0.90
 
     proc_e, emu_sum = _run(tmp_path / "emulator", substrate, "emulator")
+    assert "link shaper: emulator" in proc_e.stderr
     assert emu_sum["link"]["shaper"] == "emulator" and emu_sum["link"]["kernel"] is None
     verdicts = {c["name"]: c["verdict"] for c in tc_sum["checks"]}
     emulator = {c["name"]: c["verdict"] for c in emu_sum["checks"]}
