@@ -86,8 +86,9 @@ class KernelShaper(Protocol):
     async def mend(self) -> None: ...
 
     async def counters(self) -> dict[str, Any] | None:
-        """Cumulative qdisc `bytes`, `packets`, `drops`, `overlimits` (wire bytes, emulated)
-        and the wire `rate` in force; None to skip this sample."""
+        """Cumulative qdisc `bytes`, `packets`, `drops`, `overlimits` (wire bytes, emulated),
+        the wire `rate` in force and `at`, when they were read (wall seconds since the epoch);
+        None to skip this sample."""
         ...
 
 
@@ -178,14 +179,15 @@ class LinkSetup:
 
     async def _sample_kernel(self, kernel: KernelShaper) -> dict[str, Any] | None:
         """The qdisc's counters; bytes and rates as payload (wire / WIRE_PER_PAYLOAD), like the
-        emulator's, with the raw counters alongside (`qdisc_*`, wire bytes, emulated)."""
+        emulator's, with the raw counters alongside (`qdisc_*`, wire bytes, emulated;
+        `qdisc_at`: wall seconds of the read, for rates over exact intervals)."""
         try:
             c = await kernel.counters()
         except Exception:  # a sample missed is a gap in a plot, not a failed run
             return None
         if c is None:
             return None
-        now = asyncio.get_running_loop().time()
+        now = float(c["at"])  # the read's own time: the sample's `t` may lag it (docker exec)
         total = float(c["bytes"]) / WIRE_PER_PAYLOAD
         gbps = 0.0
         if self._last is not None and now > self._last[0]:
@@ -201,6 +203,7 @@ class LinkSetup:
             "qdisc_drops": int(c["drops"]),
             "qdisc_overlimits": int(c["overlimits"]),
             "qdisc_rate": float(c["rate"]),
+            "qdisc_at": now,
         }
 
     async def aclose(self) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
+import time
 from typing import Any
 
 from testbed.errors import UserError
@@ -132,8 +133,16 @@ class NetnsLink:
         await asyncio.to_thread(self.pair.mend, "a")
 
     async def counters(self) -> dict[str, Any]:
-        """The shaped end's qdisc counters plus the wire rate in force."""
-        c: dict[str, Any] = dict(await asyncio.to_thread(self.pair.counters, "a"))
+        """The shaped end's qdisc counters plus the wire rate in force, and `at`: when they were
+        read (wall seconds since the epoch, the middle of the `tc` call)."""
+
+        def read() -> dict[str, Any]:
+            before = time.time()
+            c: dict[str, Any] = dict(self.pair.counters("a"))
+            c["at"] = (before + time.time()) / 2
+            return c
+
+        c = await asyncio.to_thread(read)
         c["rate"] = self.wire_rate
         return c
 

@@ -77,8 +77,11 @@ class ComposeKernel:
         if now - self._last_read < MIN_COUNTER_INTERVAL_S:
             return None
         self._last_read = now
-        text = await self._exec(" tc -s -j qdisc show dev $dev")
-        qdiscs: list[dict[str, Any]] = json.loads(text or "[]")
+        # Timestamped in the container, next to the read: a docker exec takes a variable tenth
+        # of a second or more, which would otherwise skew the rates of 1 s windows.
+        text = await self._exec(" date +%s.%N; tc -s -j qdisc show dev $dev")
+        stamp, _, body = text.strip().partition("\n")
+        qdiscs: list[dict[str, Any]] = json.loads(body or "[]")
         root = next((q for q in qdiscs if q.get("root")), {})
         return {
             "bytes": int(root.get("bytes", 0)),
@@ -86,4 +89,5 @@ class ComposeKernel:
             "drops": sum(int(q.get("drops", 0)) for q in qdiscs),
             "overlimits": int(root.get("overlimits", 0)),
             "rate": self.rate * WIRE_PER_PAYLOAD,
+            "at": float(stamp),
         }
