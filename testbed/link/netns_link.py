@@ -40,6 +40,7 @@ def preflight() -> bool:
     Raises UserError with one line naming what is missing: root, `ip`/`tc`, network namespaces
     or veth, or the sch_htb qdisc (tried on a scratch pair, deleted again)."""
     tc.check_available()
+    tc.teardown(_probe_name())  # an earlier probe of this process that did not finish
     try:
         probe = tc.create_pair(_probe_name())
     except UserError as exc:
