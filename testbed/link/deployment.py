@@ -71,10 +71,6 @@ class KernelShaper(Protocol):
 
     name: str
 
-    def describe(self) -> str:
-        """One line for the run header: qdisc, where, netem or not."""
-        ...
-
     async def set_rate(self, rate: float, /) -> None:
         """Cap at `rate` TCP payload bytes/s (emulated); the qdisc gets the wire rate."""
         ...

@@ -114,14 +114,6 @@ class NetnsLink:
         """The qdisc's rate, wire bytes/s (emulated)."""
         return self.rate * tc.WIRE_PER_PAYLOAD
 
-    def describe(self) -> str:
-        netem = (
-            "netem present (not used: latency from the emulator)"
-            if self.netem
-            else ("no netem: latency from the emulator")
-        )
-        return f"tc {QDISC} on {tc.DEV_A} {self.pair.ns_a} -> {self.pair.ns_b}; {netem}"
-
     async def set_rate(self, rate: float) -> None:
         """Payload bytes/s (emulated); the qdisc gets the matching wire rate."""
         await asyncio.to_thread(self.pair.set_rate, rate, qdisc=QDISC, both=False)

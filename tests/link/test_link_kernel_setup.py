@@ -29,9 +29,6 @@ class Kernel:
              "rate": 1.0, "at": 102.0},
         ]  # fmt: skip
 
-    def describe(self) -> str:
-        return "recording"
-
     async def set_rate(self, rate: float, /) -> None:
         self.calls.append(("rate", rate))
 

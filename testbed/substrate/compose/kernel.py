@@ -45,9 +45,6 @@ class ComposeKernel:
         self._last_read = -MIN_COUNTER_INTERVAL_S
         self._loop = asyncio.get_running_loop()
 
-    def describe(self) -> str:
-        return "tc htb in the link container toward the local datacenter"
-
     async def _exec(self, script: str) -> str:
         await asyncio.to_thread(self.topology.link_container.reload)
         rc, out = await asyncio.to_thread(
