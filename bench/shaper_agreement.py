@@ -10,7 +10,9 @@ for both shapers, so run i of each sees the same requests):
   the P90 TTFT of the requests that arrived during the drop, where the shaper is the bottleneck.
 
 For each scenario and shaper: TTFT p50 and p90 (real-world seconds), as the mean over runs with
-the min-max spread. The shapers agree on a figure when their spreads overlap. Requires root
+the min-max spread. The shapers agree on a figure when their spreads overlap. Since the runs
+use different seeds, the spread is mostly the workload's; the paired difference (tc minus
+emulator, same seed) is printed too. Requires root
 (tc). --quick: one run each with shortened scenarios (a smoke test of the script, not figures).
 
 Usage: python bench/shaper_agreement.py [--runs 3] [--quick] [--report FILE]
@@ -115,6 +117,7 @@ def main() -> int:
     agreement = []
     for label, scenario, policy, duration in _scenarios(args.quick):
         stats: dict[str, dict[str, Any]] = {}
+        per_run: dict[str, list[dict[str, Any]]] = {}
         for shaper in SHAPERS:
             got = []
             for i in range(runs):
@@ -122,6 +125,7 @@ def main() -> int:
                 assert r["shaper"] == shaper, r
                 print(f"{label} {shaper} run {i + 1}: {r}", file=sys.stderr, flush=True)
                 got.append(r)
+            per_run[shaper] = got
             stats[shaper] = {
                 k: _spread([g[k] for g in got]) for k in ("p50", "p90", "drop_p90")
             } | {"failed": sum(g["failed"] for g in got)}
@@ -133,8 +137,19 @@ def main() -> int:
             )
         e, t = stats["emulator"], stats["tc"]
         keys = ("p50", "p90", "drop_p90") if label == "bandwidth-drop" else ("p50", "p90")
+        paired = []
+        for k in keys:
+            diffs = [
+                b[k] - a[k]
+                for a, b in zip(per_run["emulator"], per_run["tc"], strict=True)
+                if a[k] is not None and b[k] is not None
+            ]
+            paired.append(f"{k} " + " ".join(f"{d:+.2f}" for d in diffs))
         agreement.append(
-            f"{label}: spreads overlap: " + ", ".join(f"{k} {_overlap(e[k], t[k])}" for k in keys)
+            f"{label}: spreads overlap: "
+            + ", ".join(f"{k} {_overlap(e[k], t[k])}" for k in keys)
+            + "; tc - emulator per seed (s): "
+            + "; ".join(paired)
         )
     lines += ["", "mean over runs (min-max); real-world seconds", "", *agreement]
     text = "\n".join(lines)
