@@ -98,7 +98,7 @@ def test_bandwidth_drop_with_the_kernel_shaper(substrate: str, tmp_path: Path) -
     assert kernel["bytes"] > 0 and kernel["packets"] > 0 and kernel["overlimits"] > 0
     windows = rate_windows(history)
     drop = [w for w in windows if DROP[0] <= w["start"] and w["end"] <= DROP[1]]
-    assert len(drop) >= 3, windows
+    assert len(drop) >= 2, windows  # the drop is 6 s wall; compose reads at most once a second
     caps = {w["cap"] for w in drop}
     assert len(caps) == 1 and caps < {w["cap"] for w in windows if w["end"] < DROP[0]} | caps
     worst = max(w["rate"] / w["cap"] for w in windows)

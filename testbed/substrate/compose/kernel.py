@@ -44,12 +44,16 @@ class ComposeKernel:
         """Payload bytes/s (emulated) the class is set to."""
         self._last_read = -MIN_COUNTER_INTERVAL_S
         self._loop = asyncio.get_running_loop()
+        self._dev: str | None = None
+        """The shell that finds the interface; its MAC is read once (a Docker API call)."""
 
     async def _exec(self, script: str) -> str:
-        await asyncio.to_thread(self.topology.link_container.reload)
+        if self._dev is None:
+            await asyncio.to_thread(self.topology.link_container.reload)
+            self._dev = _dev(self.topology)
         rc, out = await asyncio.to_thread(
             self.topology.link_container.exec_run,
-            ["sh", "-c", _dev(self.topology) + script],
+            ["sh", "-c", self._dev + script],
             demux=False,
         )
         text = (out or b"").decode(errors="replace")
