@@ -143,6 +143,12 @@ class LinkSetup:
         for name in self.proxies:
             await self.client.disable(name)
 
+    async def blackhole(self, on: bool) -> None:
+        """With the kernel shaper, drop (`on`) or pass again every packet crossing the link;
+        without it nothing (the emulator's `timeout` toxic black-holes the data instead)."""
+        if self.kernel is not None:
+            await (self.kernel.cut() if on else self.kernel.mend())
+
     async def heal(self) -> None:
         """Enable again whichever of the run's proxies are disabled; idempotent."""
         assert self.client is not None

@@ -86,6 +86,11 @@ class LinkControl(Protocol):
         """Undo `partition`; idempotent."""
         ...
 
+    async def blackhole(self, on: bool, /) -> None:
+        """Drop every packet on the link in the kernel (`shaper: tc`), or stop; a no-op when
+        the emulator shapes."""
+        ...
+
 
 class Processes(Protocol):
     """What process faults ask of the substrate. Handles are the substrate's own, opaque here:

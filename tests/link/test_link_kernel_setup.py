@@ -62,6 +62,13 @@ async def test_the_kernel_caps_cuts_and_counts(client: LinkClient, echo: tuple[s
     await setup.heal()
     assert kernel.calls[-1] == ("mend",)
     assert (await client.get_proxy(setup.proxies[0]))["enabled"]
+    await setup.blackhole(True)  # partition mode timeout: the kernel drops, proxies stay up
+    assert kernel.calls[-1] == ("cut",) and (await client.get_proxy(setup.proxies[0]))["enabled"]
+    await setup.blackhole(False)
+    assert kernel.calls[-1] == ("mend",)
+    n = len(kernel.calls)
+    await LinkSetup({}, scale, link.bandwidth, client=client).blackhole(True)  # no kernel
+    assert len(kernel.calls) == n
 
     first, second = await setup.sample(), await setup.sample()
     assert first is not None and second is not None and await setup.sample() is None
