@@ -168,8 +168,8 @@ class NetnsPair:
         _run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "parent", "1:10"], check=False)
 
     def counters(self, side: str = "a") -> dict[str, int]:
-        """The root qdisc's counters on `side`'s veth: bytes, packets, drops, overlimits,
-        backlog (drops of a `cut` leaf are added in)."""
+        """The root qdisc's counters on `side`'s veth: bytes, packets, drops (a `cut` leaf's
+        included), overlimits, backlog."""
         ns, dev = self._end(side)
         return qdisc_counters(ns, dev)
 
@@ -240,8 +240,9 @@ class NetnsPair:
 
 
 def qdisc_counters(ns: str, dev: str) -> dict[str, int]:
-    """Counters of `dev`'s qdiscs in namespace `ns` (`tc -s -j qdisc show`): the root's bytes,
-    packets, overlimits and backlog; drops summed over the root and its children."""
+    """Counters of `dev`'s root qdisc in namespace `ns` (`tc -s -j qdisc show`): bytes, packets,
+    drops, overlimits, backlog. htb counts its classes' leaf drops at the root too (a `cut`'s
+    pfifo), so the root's own counters are the link's, and stay monotonic when a leaf goes."""
     out = _run(["tc", "-n", ns, "-s", "-j", "qdisc", "show", "dev", dev]).stdout
     try:
         qdiscs: list[dict[str, Any]] = json.loads(out or "[]")
@@ -251,7 +252,7 @@ def qdisc_counters(ns: str, dev: str) -> dict[str, int]:
     return {
         "bytes": int(root.get("bytes", 0)),
         "packets": int(root.get("packets", 0)),
-        "drops": sum(int(q.get("drops", 0)) for q in qdiscs),
+        "drops": int(root.get("drops", 0)),
         "overlimits": int(root.get("overlimits", 0)),
         "backlog": int(root.get("backlog", 0)),
     }

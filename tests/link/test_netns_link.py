@@ -112,10 +112,12 @@ async def test_run_link_shapes_cuts_mends_and_counts(run_link: NetnsLink) -> Non
         got.clear()
         assert not await _push(link, port, 10_000, within=2)  # SYNs dropped: no connection
         assert sum(got) == 0
-        assert (await link.counters())["drops"] > after["drops"]
+        dropped = (await link.counters())["drops"]
+        assert dropped > after["drops"]
 
         await link.mend()
         await link.mend()  # idempotent
+        assert (await link.counters())["drops"] >= dropped  # the cut's drops stay counted
         assert await _push(link, port, 10_000, within=20)
 
         await link.set_rate(2e6)

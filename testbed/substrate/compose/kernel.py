@@ -87,7 +87,7 @@ class ComposeKernel:
         return {
             "bytes": int(root.get("bytes", 0)),
             "packets": int(root.get("packets", 0)),
-            "drops": sum(int(q.get("drops", 0)) for q in qdiscs),
+            "drops": int(root.get("drops", 0)),  # htb counts its leaves' drops here too
             "overlimits": int(root.get("overlimits", 0)),
             "rate": self.rate * WIRE_PER_PAYLOAD,
             "at": float(stamp),
