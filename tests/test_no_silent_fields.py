@@ -166,6 +166,11 @@ FIELDS: dict[str, Tests] = {
         EVERY_SPEC,
         SVC + "test_a_prefill_sends_kv_over_its_specs_connections",
     ),
+    "LinkConfig.shaper": (
+        CLI + "test_shaper_overrides_the_link_shaper_and_the_header_says_which",
+        "tests/substrate/test_local_substrate_link.py::test_tc_shaper_puts_the_route_behind_the_kernel_shaped_veth",
+        "tests/scenario/test_shaper_tc.py::test_bandwidth_drop_with_the_kernel_shaper",
+    ),
     "LinkConfig.toxiproxy": "tests/substrate/test_local_toxiproxy.py::test_the_link_goes_on_the_named_api_and_no_emulator_is_started",
     # --- workload
     "WorkloadConfig.lengths": PREP + "test_lengths_of_the_workload_are_the_prompts",
@@ -334,6 +339,7 @@ FIELDS: dict[str, Tests] = {
     "ServiceSpec.connections": SVC + "test_a_prefill_sends_kv_over_its_specs_connections",
     "ServiceSpec.tpot_slo_s": SVC + "test_decode_batch_follows_the_tpot_slo",
     "ServiceSpec.kv_timeout_s": SVC + "test_a_decode_gives_up_on_kv_after_kv_timeout_s",
+    "ServiceSpec.kv_netns": "tests/transfer/test_sender_netns.py::test_a_sender_with_netns_connects_from_that_namespace",
     "ServiceSpec.kv_targets": "tests/transfer/test_kv_targets.py::test_prefill_sends_only_to_the_targets_it_was_given",
     "ServiceSpec.engine": ENGINE_STRATEGY,
     "ServiceSpec.model_seed": TORCH_SEED,
@@ -397,6 +403,10 @@ FLAGS: dict[str, Tests] = {
     "testbed run --trace": RUN_FLAGS,
     "testbed run --duration": RUN_FLAGS,
     "testbed run --out": RUN_FLAGS,
+    "testbed run --shaper": (
+        CLI + "test_shaper_overrides_the_link_shaper_and_the_header_says_which",
+        "tests/scenario/test_shaper_tc.py::test_bandwidth_drop_with_the_kernel_shaper",
+    ),
     "testbed run --quiet": CLI + "test_quiet_drops_the_progress_bar",
     "testbed link serve --host": SERVE,
     "testbed link serve --port": (
@@ -410,6 +420,14 @@ FLAGS: dict[str, Tests] = {
     "testbed link serve --seed": (
         SERVE,
         "tests/link/test_link_live.py::test_seed_makes_toxicity_reproducible",
+    ),
+    "testbed link serve --listen-netns": (
+        SERVE,
+        "tests/substrate/test_local_substrate_link.py::test_tc_shaper_puts_the_route_behind_the_kernel_shaped_veth",
+    ),
+    "testbed link tc down --stale": (
+        CLI + "test_link_tc_show_and_down_flags",
+        "tests/link/test_netns_link.py::test_tc_down_stale_removes_only_dead_runs",
     ),
     "testbed link tc up --name": TC_UP,
     "testbed link tc up --qdisc": (TC_UP, TC_ARGS),
@@ -445,7 +463,6 @@ EXCEPTIONS: dict[str, str] = {
     "and error messages name the scenario by it; nothing a run does depends on it",
     "Scenario.description": "a label: `testbed scenarios` lists it beside the file name "
     "(tests/chaos/test_library.py requires one); nothing a run does depends on it",
-    "LinkConfig.shaper": "shaper: tc, issue #14, tests/link/... (in progress)",
 }
 
 

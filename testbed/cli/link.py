@@ -1,7 +1,7 @@
 """`testbed link ...` subcommands: run the emulator, and shape a namespace pair with tc.
 
     testbed link serve [--host H] [--port P] [--config FILE] [--seed N]
-    testbed link tc up|rate|show|down ...
+    testbed link tc up|rate|show|down ...   (down --stale: what killed runs left behind)
 
 Each subcommand sets `func(args) -> exit code`; mistakes a person can fix raise UserError,
 which the main CLI prints as one line (exit code 2).
@@ -25,7 +25,9 @@ def _run_serve(args: argparse.Namespace) -> int:
     from testbed.link.server import serve
 
     die_with_parent()  # started by a runner: never outlive it (testbed.lifeline)
-    coro = serve(args.host, args.port, seed=args.seed, config=args.config)
+    coro = serve(
+        args.host, args.port, seed=args.seed, config=args.config, listen_netns=args.listen_netns
+    )
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
@@ -79,7 +81,7 @@ def _run_tc_show(args: argparse.Namespace) -> int:
 def _run_tc_down(args: argparse.Namespace) -> int:
     from testbed.link import tc
 
-    removed = tc.teardown(args.name, all_mine=args.all)
+    removed = tc.teardown(args.name, all_mine=args.all, stale=args.stale)
     print("removed: " + (", ".join(removed) if removed else "nothing"))
     return 0
 
@@ -104,6 +106,11 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--port", type=int, default=8474, help="API port (default 8474; 0 = any)")
     s.add_argument("--config", help="Toxiproxy JSON file of proxies to create at start")
     s.add_argument("--seed", type=int, help="seed for jitter and toxicity (reproducible runs)")
+    s.add_argument(
+        "--listen-netns",
+        metavar="NS",
+        help="proxies listen inside this network namespace (a kernel-shaped link, shaper tc)",
+    )
     s.set_defaults(func=_run_serve)
 
     t = lsub.add_parser("tc", help="kernel shaping: namespaces joined by a veth pair (root)")
@@ -138,5 +145,11 @@ def add_parser(sub: Any) -> None:
 
     down = tsub.add_parser("down", help="delete the namespaces of a pair")
     down.add_argument("--name", default="link")
-    down.add_argument("--all", action="store_true", help="every tbl-* namespace this tool made")
+    which = down.add_mutually_exclusive_group()
+    which.add_argument("--all", action="store_true", help="every tbl-* namespace this tool made")
+    which.add_argument(
+        "--stale",
+        action="store_true",
+        help="the namespaces of runs whose process is gone (tbl-r<pid>-*, killed or crashed)",
+    )
     down.set_defaults(func=_run_tc_down)

@@ -46,6 +46,7 @@ def _run(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         out_dir=out,
         progress=not args.quiet,
+        shaper=args.shaper,
     )
     rp = prepare_run(scenario, opts)
     clock = LiveClock.paced(scenario.scale)
@@ -61,6 +62,8 @@ def _run(args: argparse.Namespace) -> int:
         "start-up, the drain of what is in flight, and writing the results",
         file=sys.stderr,
     )
+    if rp.shaper_note is not None:
+        print(f"testbed: link shaper: {rp.shaper_note}", file=sys.stderr)
     display = ProgressDisplay(bar=True) if opts.progress else None
     try:
         result = asyncio.run(run_scenario(rp, opts, display))
@@ -102,6 +105,11 @@ def add_parser(sub: Any) -> None:
         metavar="DURATION",
         help='real-world time of arrivals: "20s", "2m", "500ms"; a bare number is seconds '
         "(default: the scenario's)",
+    )
+    p.add_argument(
+        "--shaper",
+        choices=("emulator", "tc"),
+        help="what caps the link's bandwidth (default: the scenario's link.shaper)",
     )
     p.add_argument("--out", metavar="DIR", help="results directory (default: results/NAME)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

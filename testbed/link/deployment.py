@@ -11,6 +11,11 @@ Where the emulator runs is the substrate's business (a child process on the loca
 container on compose); this module only needs a `LinkClient` on it. Deployments without a second
 datacenter get no emulator: the routes are the receivers' own addresses and there is nothing to
 sample.
+
+With `link.shaper: tc` the substrate also hands over a `KernelShaper`: the kernel caps the
+bandwidth (the emulator's `link_bandwidth` toxic is left out, so the link is shaped once),
+bandwidth changes and partitions drive it, and samples read its qdisc counters. Latency and
+jitter stay on the emulator either way.
 """
 
 from __future__ import annotations
@@ -19,13 +24,21 @@ import asyncio
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from testbed.clock import LiveClock, Scale
 from testbed.config import LinkConfig, ScaleConfig
 from testbed.link.client import LinkClient
+from testbed.link.tc import WIRE_PER_PAYLOAD
 
-__all__ = ["LINK_GROUP", "LINK_TOXIC", "LinkSetup", "add_link_proxies", "scrape_link"]
+__all__ = [
+    "LINK_GROUP",
+    "LINK_TOXIC",
+    "KernelShaper",
+    "LinkSetup",
+    "add_link_proxies",
+    "scrape_link",
+]
 
 LINK_GROUP = "xdc"
 """The link_bandwidth group every cross-datacenter proxy of a run shares."""
@@ -52,6 +65,29 @@ def scrape_link(text: str, proxies: list[str]) -> tuple[float, float]:
     return total, cap
 
 
+class KernelShaper(Protocol):
+    """The kernel (tc) side of a link: the local substrate's namespaces (link/netns_link.py)
+    or the compose link container's interface."""
+
+    name: str
+
+    async def set_rate(self, rate: float, /) -> None:
+        """Cap at `rate` TCP payload bytes/s (emulated); the qdisc gets the wire rate."""
+        ...
+
+    async def cut(self) -> None:
+        """Drop every packet crossing the link until `mend`."""
+        ...
+
+    async def mend(self) -> None: ...
+
+    async def counters(self) -> dict[str, Any] | None:
+        """Cumulative qdisc `bytes`, `packets`, `drops`, `overlimits` (wire bytes, emulated),
+        the wire `rate` in force and `at`, when they were read (wall seconds since the epoch);
+        None to skip this sample."""
+        ...
+
+
 @dataclass
 class LinkSetup:
     """The link of one run as the runner and the nemesis see it: routes, proxies, the cap."""
@@ -63,11 +99,20 @@ class LinkSetup:
     """Real-world configured bandwidth."""
     client: LinkClient | None = None
     proxies: list[str] = field(default_factory=list)
+    kernel: KernelShaper | None = None
+    """The kernel shaper when `link.shaper` is tc; None: the emulator shapes."""
+    sender_netns: str | None = None
+    """The network namespace PrfaaS KV senders open their connections in (local tc)."""
     _last: tuple[float, float] | None = None
 
     @property
     def enabled(self) -> bool:
         return self.client is not None
+
+    @property
+    def shaper(self) -> str:
+        """Which shaper caps the bandwidth: "tc" or "emulator"."""
+        return "tc" if self.kernel is not None else "emulator"
 
     def to_wire(self, real_bytes_per_s: float) -> float:
         return Scale.of(self.scale).wire_rate(real_bytes_per_s)
@@ -76,7 +121,12 @@ class LinkSetup:
         return Scale.of(self.scale).real_rate(wire_bytes_per_s)
 
     async def set_bandwidth(self, real_bytes_per_s: float) -> None:
-        """Change the shared cap of every cross-datacenter proxy (real-world bytes/s)."""
+        """Change the link's cap (real-world bytes/s): the kernel's, or the shared toxic of
+        every cross-datacenter proxy."""
+        if self.kernel is not None:
+            await self.kernel.set_rate(self.to_wire(real_bytes_per_s))
+            self.configured_bytes_per_s = real_bytes_per_s
+            return
         assert self.client is not None
         for name in self.proxies:
             await self.client.update_toxic(
@@ -85,14 +135,25 @@ class LinkSetup:
         self.configured_bytes_per_s = real_bytes_per_s
 
     async def partition(self) -> None:
-        """Disable every cross-datacenter proxy: open connections are closed, new ones refused."""
+        """Disable every cross-datacenter proxy: open connections are closed, new ones refused;
+        with the kernel shaper, every packet on the link is dropped too."""
         assert self.client is not None
+        if self.kernel is not None:
+            await self.kernel.cut()
         for name in self.proxies:
             await self.client.disable(name)
+
+    async def blackhole(self, on: bool) -> None:
+        """With the kernel shaper, drop (`on`) or pass again every packet crossing the link;
+        without it nothing (the emulator's `timeout` toxic black-holes the data instead)."""
+        if self.kernel is not None:
+            await (self.kernel.cut() if on else self.kernel.mend())
 
     async def heal(self) -> None:
         """Enable again whichever of the run's proxies are disabled; idempotent."""
         assert self.client is not None
+        if self.kernel is not None:
+            await self.kernel.mend()
         state = await self.client.proxies()
         for name in self.proxies:
             if not state.get(name, {}).get("enabled", True):
@@ -102,6 +163,8 @@ class LinkSetup:
         """Cumulative wire bytes across the link, rate since the last sample, cap in force."""
         if self.client is None:
             return None
+        if self.kernel is not None:
+            return await self._sample_kernel(self.kernel)
         try:
             text = await self.client.metrics()
         except Exception:  # a sample missed is a gap in a plot, not a failed run
@@ -116,6 +179,35 @@ class LinkSetup:
         configured = self.to_real(cap) if cap else self.configured_bytes_per_s
         return {"wire_bytes": total, "gbps": gbps, "configured_gbps": configured * 8 / 1e9}
 
+    async def _sample_kernel(self, kernel: KernelShaper) -> dict[str, Any] | None:
+        """The qdisc's counters; bytes and rates as payload (wire / WIRE_PER_PAYLOAD), like the
+        emulator's, with the raw counters alongside (`qdisc_*`, wire bytes, emulated;
+        `qdisc_at`: wall seconds of the read, for rates over exact intervals)."""
+        try:
+            c = await kernel.counters()
+        except Exception:  # a sample missed is a gap in a plot, not a failed run
+            return None
+        if c is None:
+            return None
+        now = float(c["at"])  # the read's own time: the sample's `t` may lag it (docker exec)
+        total = float(c["bytes"]) / WIRE_PER_PAYLOAD
+        gbps = 0.0
+        if self._last is not None and now > self._last[0]:
+            gbps = self.to_real((total - self._last[1]) / (now - self._last[0])) * 8 / 1e9
+        self._last = (now, total)
+        return {
+            "wire_bytes": total,
+            "gbps": gbps,
+            "configured_gbps": self.configured_bytes_per_s * 8 / 1e9,
+            "shaper": "tc",
+            "qdisc_bytes": int(c["bytes"]),
+            "qdisc_packets": int(c["packets"]),
+            "qdisc_drops": int(c["drops"]),
+            "qdisc_overlimits": int(c["overlimits"]),
+            "qdisc_rate": float(c["rate"]),
+            "qdisc_at": now,
+        }
+
     async def aclose(self) -> None:
         """Close the API client (the emulator itself belongs to the substrate)."""
         if self.client is not None:
@@ -129,7 +221,8 @@ async def add_link_proxies(
     listen_for: Callable[[str], str],
 ) -> None:
     """One proxy per decode instance, shaped as one link: a `link_bandwidth` cap shared by the
-    group and RTT/2 (+ jitter) of latency each way, in emulated units. Fills `setup.routes`."""
+    group and RTT/2 (+ jitter) of latency each way, in emulated units. Fills `setup.routes`.
+    With a kernel shaper the cap is the kernel's, and the proxies get latency only."""
     assert setup.client is not None
     clock = LiveClock.paced(setup.scale)
     one_way_ms = clock.wall(link.rtt / 2) * 1e3
@@ -140,13 +233,14 @@ async def add_link_proxies(
             name, upstream=f"{host}:{port}", listen=listen_for(decode_id)
         )
         setup.proxies.append(name)
-        await setup.client.add_toxic(
-            name,
-            "link_bandwidth",
-            name=LINK_TOXIC,
-            stream="upstream",
-            attributes={"rate": setup.to_wire(link.bandwidth) / 1000.0, "group": LINK_GROUP},
-        )
+        if setup.kernel is None:
+            await setup.client.add_toxic(
+                name,
+                "link_bandwidth",
+                name=LINK_TOXIC,
+                stream="upstream",
+                attributes={"rate": setup.to_wire(link.bandwidth) / 1000.0, "group": LINK_GROUP},
+            )
         if one_way_ms > 0 or jitter_ms > 0:
             for stream in ("upstream", "downstream"):
                 await setup.client.add_toxic(

@@ -52,9 +52,12 @@ def _bool_field(body: dict[str, Any], key: str, default: bool) -> bool:
 class LinkEmulator:
     """Proxies by name, plus the seed and metrics shared by all of them."""
 
-    def __init__(self, *, seed: int | None = None) -> None:
+    def __init__(self, *, seed: int | None = None, listen_netns: str | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         self.seed = seed
+        self.listen_netns = listen_netns
+        """Proxies listen inside this network namespace (`testbed link serve --listen-netns`,
+        the local side of a kernel-shaped link); the API and upstream dials stay here."""
         self.proxies: dict[str, Proxy] = {}
         self.meters: dict[tuple[str, str], RateMeter] = {}
         self.shared: dict[Any, Any] = {}  # state of toxics that span proxies (link groups)
@@ -110,7 +113,7 @@ class LinkEmulator:
             raise missing_field(f"name{where}")
         if not upstream:
             raise missing_field(f"upstream{where}")
-        proxy = Proxy(self.loop, name, listen, upstream, self._seed, self.shared)
+        proxy = Proxy(self.loop, name, listen, upstream, self._seed, self.shared, self.listen_netns)
         return proxy, enabled
 
     def _seed(self) -> int | None:

@@ -26,6 +26,7 @@ from testbed.link.addr import format_hostport, parse_hostport
 from testbed.link.collection import ToxicCollection
 from testbed.link.errors import ApiError
 from testbed.link.pipeline import LinkStats, Sink, ToxicLink
+from testbed.transfer.netns import socket_in_namespace
 
 __all__ = ["DIRECTIONS", "Connection", "Proxy"]
 
@@ -229,6 +230,7 @@ class Proxy:
         upstream: str,
         seed: Callable[[], int | None],
         shared: dict[Any, Any] | None = None,
+        listen_netns: str | None = None,
     ) -> None:
         parse_hostport(listen, "listen")
         parse_hostport(upstream, "upstream")
@@ -238,6 +240,9 @@ class Proxy:
         self.upstream = upstream
         self.enabled = False
         self._seed = seed
+        self.listen_netns = listen_netns
+        """The network namespace its listening socket is made in (kernel-shaped link); None:
+        the emulator's own."""
         self.toxics = ToxicCollection(loop, self.live_links, shared)
         self.connections: set[Connection] = set()
         self.stats = {d: LinkStats() for d in DIRECTIONS}
@@ -299,10 +304,15 @@ class Proxy:
         family, _, _, _, sockaddr = infos[0]
         return family, sockaddr
 
-    @staticmethod
-    def _bind(listen: str, family: int, sockaddr: Any) -> socket.socket:
+    def _bind(self, listen: str, family: int, sockaddr: Any) -> socket.socket:
         """A listening socket on `sockaddr`, or an ApiError: 409 if the address is taken."""
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        if self.listen_netns is None:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        else:
+            try:
+                sock = socket_in_namespace(self.listen_netns, socket.SOCK_STREAM, family)
+            except OSError as exc:
+                raise ApiError(f"listen tcp {listen}: {exc}", 500) from None
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(sockaddr)

@@ -83,13 +83,15 @@ async def start_link_server(
     seed: int | None = None,
     config: list[object] | None = None,
     limits: ServingLimits = DEFAULT_LIMITS,
+    listen_netns: str | None = None,
 ) -> LinkServer:
     """Start the emulator's API (port 0 picks a free port) in the running event loop.
 
     `limits` bounds how the API's clients may read it (testbed.serving): connections, and
-    deadlines for a request's head and body.
+    deadlines for a request's head and body. `listen_netns`: every proxy listens inside that
+    network namespace (testbed.link.emulator.LinkEmulator).
     """
-    emulator = LinkEmulator(seed=seed)
+    emulator = LinkEmulator(seed=seed, listen_netns=listen_netns)
     if config:
         try:
             await emulator.populate(config)
@@ -122,10 +124,13 @@ async def serve(
     config: str | None,
     ready_file: str | None = None,
     limits: ServingLimits = DEFAULT_LIMITS,
+    listen_netns: str | None = None,
 ) -> None:
     """Run until SIGINT/SIGTERM (the `testbed link serve` command)."""
     proxies = load_config(config) if config else None
-    server = await start_link_server(host, port, seed=seed, config=proxies, limits=limits)
+    server = await start_link_server(
+        host, port, seed=seed, config=proxies, limits=limits, listen_netns=listen_netns
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -15,17 +15,18 @@ anyone else's; `teardown` (and the `pair` context manager, which tests use) dele
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from testbed.errors import UserError
+from testbed.transfer.netns import socket_in_namespace
 
 __all__ = [
     "PREFIX",
@@ -35,6 +36,9 @@ __all__ = [
     "existing_pair",
     "list_pairs",
     "pair",
+    "qdisc_counters",
+    "socket_in_namespace",
+    "stale_namespaces",
     "teardown",
 ]
 
@@ -44,7 +48,6 @@ ADDR_B = "10.213.0.2"
 DEV_A = "veth-a"
 DEV_B = "veth-b"
 CMD_TIMEOUT = 10.0  # seconds for any one ip/tc command
-CLONE_NEWNET = 0x40000000
 HTB_QUANTUM = 60000
 # A full-size TCP segment on a 1500-byte-MTU Ethernet link carries 1448 payload bytes in 1514
 # bytes on the wire (14 Ethernet + 20 IP + 32 TCP with timestamps). Qdiscs count wire bytes; the
@@ -151,6 +154,32 @@ class NetnsPair:
             else:
                 raise UserError(f"unknown qdisc {qdisc!r}: use htb or tbf")
 
+    def cut(self, side: str = "a") -> None:
+        """Drop everything leaving `side` toward the other (a partition): a pfifo of length 0
+        as the htb class's leaf, so the class, its rate and its counters stay, and the drops
+        are counted. Needs the htb shaping of `set_rate` on that end."""
+        ns, dev = self._end(side)
+        _run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "parent", "1:10",
+              "handle", "10:", "pfifo", "limit", "0"])  # fmt: skip
+
+    def mend(self, side: str = "a") -> None:
+        """Undo `cut` (the class gets its default leaf back); idempotent."""
+        ns, dev = self._end(side)
+        _run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "parent", "1:10"], check=False)
+
+    def counters(self, side: str = "a") -> dict[str, int]:
+        """The root qdisc's counters on `side`'s veth: bytes, packets, drops (a `cut` leaf's
+        included), overlimits, backlog."""
+        ns, dev = self._end(side)
+        return qdisc_counters(ns, dev)
+
+    def _end(self, side: str) -> tuple[str, str]:
+        if side == "a":
+            return self.ns_a, DEV_A
+        if side == "b":
+            return self.ns_b, DEV_B
+        raise ValueError(f"side must be 'a' or 'b', got {side!r}")
+
     def clear(self) -> None:
         """Remove shaping (and netem delay) from both ends."""
         for ns, dev in self._ends(True):
@@ -210,34 +239,47 @@ class NetnsPair:
             _run(["ip", "netns", "del", ns], check=False)
 
 
-def socket_in_namespace(ns: str, kind: int = socket.SOCK_STREAM) -> socket.socket:
-    """Create a socket inside network namespace `ns` (from a short-lived helper thread)."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    result: list[socket.socket] = []
-    errors: list[BaseException] = []
+def qdisc_counters(ns: str, dev: str) -> dict[str, int]:
+    """Counters of `dev`'s root qdisc in namespace `ns` (`tc -s -j qdisc show`): bytes, packets,
+    drops, overlimits, backlog. htb counts its classes' leaf drops at the root too (a `cut`'s
+    pfifo), so the root's own counters are the link's, and stay monotonic when a leaf goes."""
+    out = _run(["tc", "-n", ns, "-s", "-j", "qdisc", "show", "dev", dev]).stdout
+    try:
+        qdiscs: list[dict[str, Any]] = json.loads(out or "[]")
+    except json.JSONDecodeError:
+        raise UserError(f"tc -j qdisc show dev {dev}: unreadable output") from None
+    root = next((q for q in qdiscs if q.get("root")), qdiscs[0] if qdiscs else {})
+    return {
+        "bytes": int(root.get("bytes", 0)),
+        "packets": int(root.get("packets", 0)),
+        "drops": int(root.get("drops", 0)),
+        "overlimits": int(root.get("overlimits", 0)),
+        "backlog": int(root.get("backlog", 0)),
+    }
 
-    def work() -> None:
-        # setns() switches only this thread; the thread ends right after, so nothing leaks.
-        try:
-            target = os.open(f"/var/run/netns/{ns}", os.O_RDONLY)
-            try:
-                if libc.setns(target, CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns({ns}): {os.strerror(err)}")
-                result.append(socket.socket(socket.AF_INET, kind))
-            finally:
-                os.close(target)
-        except BaseException as exc:
-            errors.append(exc)
 
-    t = threading.Thread(target=work, name=f"netns-{ns}")
-    t.start()
-    t.join(CMD_TIMEOUT)
-    if errors:
-        raise UserError(f"cannot open a socket in namespace {ns}: {errors[0]}")
-    if not result:
-        raise UserError(f"cannot open a socket in namespace {ns}: timed out")
-    return result[0]
+_OWNED = re.compile(rf"^{PREFIX}[rp](\d+)(?:-\d+)?-[ab]$")
+"""Namespaces a run (`r<pid>`) or a preflight probe (`p<pid>`) made: the pid is the owner."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stale_namespaces() -> list[str]:
+    """Namespaces made by a run or a probe whose process is gone (killed, crashed)."""
+    out = []
+    for ns in _existing_namespaces():
+        m = _OWNED.match(ns)
+        if m and not _alive(int(m.group(1))):
+            out.append(ns)
+    return sorted(out)
 
 
 def create_pair(
@@ -285,13 +327,16 @@ def existing_pair(name: str) -> NetnsPair:
     return NetnsPair(name, ns_a, ns_b)
 
 
-def teardown(name: str | None = None, *, all_mine: bool = False) -> list[str]:
-    """Delete the namespaces of pair `name`, or of every tbl-* pair; returns what was removed."""
+def teardown(name: str | None = None, *, all_mine: bool = False, stale: bool = False) -> list[str]:
+    """Delete the namespaces of pair `name`, of every tbl-* pair (`all_mine`), or of runs whose
+    process is gone (`stale`); returns what was removed."""
     check_available()
     targets: list[str] = []
     existing = _existing_namespaces()
     if all_mine:
         targets = [ns for ns in existing if ns.startswith(PREFIX)]
+    elif stale:
+        targets = stale_namespaces()
     elif name:
         targets = [ns for ns in _ns_names(name) if ns in existing]
     for ns in targets:

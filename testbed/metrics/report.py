@@ -236,6 +236,8 @@ def render_report(
         )
     else:
         lines.append("No link samples (no cross-datacenter link in this deployment, or none used).")
+    if link.get("shaper"):
+        lines += ["", _shaper_line(link)]
 
     queues = summary.get("queues", {})
     if queues:
@@ -314,6 +316,20 @@ def render_report(
         lines += ["", "## Notes", ""]
         lines += [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def _shaper_line(link: dict[str, Any]) -> str:
+    """Which shaper capped the link; with tc, what its qdisc counted."""
+    if link["shaper"] != "tc":
+        return "Shaper: emulator (the link emulator's shared `link_bandwidth` cap)."
+    k = link.get("kernel")
+    if not k:
+        return "Shaper: tc (kernel qdisc; no counters were sampled)."
+    return (
+        f"Shaper: tc (kernel qdisc): {k['bytes']:,} bytes in {k['packets']:,} packets on the "
+        f"shaped interface, {k['drops']:,} drops, {k['overlimits']:,} overlimits "
+        "(emulated units; the rates above are from these counters)."
+    )
 
 
 def write_report(

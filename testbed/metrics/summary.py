@@ -16,7 +16,10 @@ Definitions worth knowing:
   latency is not a latency but a failure, counted under `failures`.
 - link: from "link" history events. bytes = the last cumulative `wire_bytes` x byte_scale;
   mean_gbps = those bytes over the time of the last sample (the counter starts at 0 at t = 0);
-  peak_gbps = the largest sampled interval rate.
+  peak_gbps = the largest sampled interval rate. With the kernel shaper (`shaper: tc`) the
+  samples are the qdisc's counters: `wire_bytes` is the qdisc's bytes as TCP payload (divided by
+  testbed.link.tc.WIRE_PER_PAYLOAD), and `kernel` keeps the last raw counters (bytes, packets,
+  drops, overlimits; emulated units).
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ def link_stats(history: list[HistoryEvent], byte_scale: float) -> dict[str, Any]
             "peak_gbps": None,
             "configured_gbps": {"min": None, "max": None},
             "utilisation": None,
+            "kernel": None,
         }
     real_bytes = float(max(e.data.get("wire_bytes", 0) for e in samples)) * byte_scale
     last_t = samples[-1].t
@@ -96,7 +100,17 @@ def link_stats(history: list[HistoryEvent], byte_scale: float) -> dict[str, Any]
         "utilisation": (
             mean_gbps / mean_configured if mean_gbps is not None and mean_configured else None
         ),
+        "kernel": _kernel_counters(samples),
     }
+
+
+def _kernel_counters(samples: list[HistoryEvent]) -> dict[str, int] | None:
+    """The last qdisc counters of a tc-shaped link's samples; None when the emulator shaped."""
+    kernel = [e for e in samples if "qdisc_bytes" in e.data]
+    if not kernel:
+        return None
+    last = kernel[-1].data
+    return {k: int(last.get(f"qdisc_{k}", 0)) for k in ("bytes", "packets", "drops", "overlimits")}
 
 
 def _time_weighted_mean(samples: list[HistoryEvent], key: str) -> float | None:
@@ -341,7 +355,8 @@ def to_text(summary: dict[str, Any]) -> str:
         f"TTFT mean {_fmt(ttft['mean'])} p50 {_fmt(ttft['p50'])} p90 {_fmt(ttft['p90'])} "
         f"p99 {_fmt(ttft['p99'])}; E2E p50 {_fmt(e2e['p50'])} p99 {_fmt(e2e['p99'])}",
         f"link: {format_size(link['bytes'])} moved, mean {_fmt(link['mean_gbps'], ' Gbps')}, "
-        f"peak {_fmt(link['peak_gbps'], ' Gbps')}",
+        f"peak {_fmt(link['peak_gbps'], ' Gbps')}"
+        + (f"; shaper {link['shaper']}" if link.get("shaper") else ""),
         *_cache_text(summary),
         f"(real-world units; time_scale {scale['time']:g}, byte_scale {scale['bytes']:g})",
     ]

@@ -125,7 +125,21 @@ def write_timeline(
         measured = [float(e.data.get("gbps") or 0.0) for e in link]
         configured = [e.data.get("configured_gbps") for e in link]
         # Each sample is the rate over the interval that *ends* at its time: step "pre".
-        ax_link.step(t, measured, where="pre", color="tab:purple", label="measured")
+        kernel = any("qdisc_bytes" in e.data for e in link)
+        label = "measured (tc qdisc counters)" if kernel else "measured (emulator)"
+        ax_link.step(t, measured, where="pre", color="tab:purple", label=label)
+        if kernel:  # when the kernel held packets back (overlimits) or dropped them
+            over = [float(e.data.get("qdisc_overlimits", 0)) for e in link]
+            drops = [float(e.data.get("qdisc_drops", 0)) for e in link]
+            ax_k = ax_link.twinx()
+            ax_k.step(t, np.diff(over, prepend=over[0]), where="pre", color="tab:gray",
+                      linewidth=0.8, label="overlimits / sample")  # fmt: skip
+            if drops[-1] > drops[0]:
+                ax_k.step(t, np.diff(drops, prepend=drops[0]), where="pre", color="tab:red",
+                          linewidth=0.8, label="drops / sample")  # fmt: skip
+            ax_k.set_ylabel("qdisc events", fontsize=8)
+            ax_k.set_ylim(bottom=0)
+            ax_k.legend(loc="upper left", fontsize=7, frameon=False)
         if any(c is not None for c in configured):
             ax_link.step(
                 t,

@@ -78,6 +78,19 @@ class LinkControl(Protocol):
 
     async def set_bandwidth(self, real_bytes_per_s: float, /) -> None: ...
 
+    async def partition(self) -> None:
+        """Close every proxy (and, with the kernel shaper, drop every packet on the link)."""
+        ...
+
+    async def heal(self) -> None:
+        """Undo `partition`; idempotent."""
+        ...
+
+    async def blackhole(self, on: bool, /) -> None:
+        """Drop every packet on the link in the kernel (`shaper: tc`), or stop; a no-op when
+        the emulator shapes."""
+        ...
+
 
 class Processes(Protocol):
     """What process faults ask of the substrate. Handles are the substrate's own, opaque here:

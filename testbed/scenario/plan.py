@@ -29,6 +29,7 @@ from testbed.nemesis import (
 from testbed.planner import StagePlan, plan_deployment, plan_inputs
 from testbed.policy import POLICIES, get_policy
 from testbed.scenario.schema import Scenario
+from testbed.substrate.shaper import preflight_shaper
 from testbed.workload.build import length_distribution
 from testbed.workload.generate import RequestSpec, generate_requests
 
@@ -45,6 +46,8 @@ class RunOptions:
     progress: bool = True
     drain_timeout_s: float = 120.0
     """Wall seconds to wait for in-flight requests after the last arrival."""
+    shaper: str | None = None
+    """`testbed run --shaper`: overrides the deployment's `link.shaper` ("emulator", "tc")."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,8 @@ class RunPlan:
     shift_plan: StagePlan | None = None
     """The planner's optimum for the lengths after `workload.shift` (PD split free)."""
     shift_rate_rps: float | None = None
+    shaper_note: str | None = None
+    """Which shaper caps the link and how, checked (testbed.substrate.shaper); None: no link."""
 
 
 @dataclass
@@ -149,6 +154,12 @@ def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
     if policy not in POLICIES:
         raise UserError(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}")
     name, dep = _pick_deployment(scenario, policy)
+    if opts.shaper is not None:
+        if dep.prfaas is None:
+            raise UserError(
+                f"--shaper {opts.shaper}: deployment {name!r} has no cross-datacenter link"
+            )
+        dep = dep.model_copy(update={"link": dep.link.model_copy(update={"shaper": opts.shaper})})
     plan = plan_deployment(name, dep, plan_inputs(scenario))
     n_local = dep.local.instances
     if dep.kind == "naive":
@@ -211,4 +222,6 @@ def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
     )
     rp.faults = faults
     rp.shift_plan, rp.shift_rate_rps = shift_plan, shift_rate
+    if dep.prfaas is not None:  # last: a tc preflight touches the kernel
+        rp.shaper_note = preflight_shaper(opts.substrate, dep.link)
     return rp

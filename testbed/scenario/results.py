@@ -75,6 +75,7 @@ def write_results(
         ),
         byte_scale=sc.scale.byte_scale,
     )
+    summary["link"]["shaper"] = rp.deployment.link.shaper if rp.deployment.prfaas else None
     summary["checks"] = [c.to_json() for c in checks]
     atomic_write(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     write_timeline(

@@ -192,6 +192,8 @@ class _Run:
         kv_targets = sorted(set(kv_addrs.values()) | set(self.link.routes.values()))
         for spec in prefill_specs:
             spec.kv_targets = kv_targets
+            if spec.cluster == "prfaas":  # behind a kernel-shaped link (shaper tc, local)
+                spec.kv_netns = self.link.sender_netns
         prefills = await self._start_all(prefill_specs)
         instances = [
             InstanceInfo(id=p.spec.id, cluster=p.spec.cluster, role="prefill", url=p.url)

@@ -77,7 +77,7 @@ class PrefillQueue(Generic[J]):
             raise
 
     async def sender(self, target: tuple[str, int]) -> KVSender:
-        return await pooled_sender(self.senders, target, self.spec.connections)
+        return await pooled_sender(self.senders, target, self.spec.connections, self.spec.kv_netns)
 
     def track(self, job: J, transfer: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run a job's transfer on its own task (the engine does not wait for it) and make sure

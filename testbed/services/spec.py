@@ -62,6 +62,10 @@ class ServiceSpec(BaseModel):
     profiles: list[ProfileFile] = Field(default_factory=list)
     """User model/hardware profiles the scenario brought (testbed.config.profiles): every
     process registers them at start, so `model` and `hardware` may name them."""
+    kv_netns: str | None = None
+    """prefill (PrfaaS cluster) with `link.shaper: tc` on the local substrate: the network
+    namespace its KV connections are opened in, the PrfaaS side of the kernel-shaped veth
+    (testbed.transfer.netns); None: this process's own namespace."""
     engine: Literal["emulated", "torch"] = "emulated"
     """torch: prefill and decode run the tiny real model (testbed.services.engines.torch); the
     router sends token ids and records the generated ones."""

@@ -22,8 +22,13 @@ START_TIMEOUT_S = 20.0
 STOP_GRACE_S = 5.0
 
 
-async def spawn_emulator(seed: int, log_dir: Path | None) -> tuple[asyncio.subprocess.Process, str]:
-    """Start `testbed link serve` seeded with `seed`; returns the process and its API URL."""
+async def spawn_emulator(
+    seed: int, log_dir: Path | None, *, listen_netns: str | None = None
+) -> tuple[asyncio.subprocess.Process, str]:
+    """Start `testbed link serve` seeded with `seed`; returns the process and its API URL.
+    With `listen_netns` its proxies listen in that namespace (a kernel-shaped link); the API
+    stays on this host's loopback."""
+    extra = ["--listen-netns", listen_netns] if listen_netns else []
     stderr: Any = asyncio.subprocess.DEVNULL
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -38,6 +43,7 @@ async def spawn_emulator(seed: int, log_dir: Path | None) -> tuple[asyncio.subpr
         "0",
         "--seed",
         str(seed),
+        *extra,
         stdout=asyncio.subprocess.PIPE,
         stderr=stderr,
         start_new_session=True,

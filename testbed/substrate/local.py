@@ -5,6 +5,13 @@ A service binds port 0 and announces its ports on one stdout line ("READY {...}"
 in the run's output directory, so a crash leaves evidence. The link between the datacenters is
 a link emulator in its own process (testbed.substrate.link_process), shaped by
 testbed.link.deployment; a partition disables its proxies.
+
+With `link.shaper: tc` the bandwidth is the kernel's instead (testbed.link.netns_link): the
+run's two network namespaces and their veth carry every cross-datacenter KV byte (the PrfaaS
+senders connect from one side, the emulator's proxies listen on the other), an htb class caps
+it, and a partition also drops every packet on the veth. The namespaces are deleted when the
+run stops (also after SIGINT/SIGTERM/SIGHUP or an exception; at exit after a crash), and a
+killed run's are removed by the next one.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from testbed.errors import UserError
 from testbed.lifeline import child_env
 from testbed.link.client import LinkClient
 from testbed.link.deployment import LinkSetup, add_link_proxies
+from testbed.link.netns_link import NetnsLink
+from testbed.link.tc import WIRE_PER_PAYLOAD
 from testbed.services.spec import ServiceSpec
 from testbed.substrate.base import ServiceHandle
 from testbed.substrate.link_process import spawn_emulator, stop_emulator
@@ -116,6 +125,8 @@ class LocalSubstrate:
         self.link: LinkSetup | None = None
         self.link_proc: asyncio.subprocess.Process | None = None
         """The link emulator this substrate started (none with `link.toxiproxy` or one DC)."""
+        self.netns: NetnsLink | None = None
+        """The run's namespaces and veth with `link.shaper: tc`."""
 
     def _handle(self, svc: LocalService) -> ServiceHandle:
         kv = (svc.spec.host, svc.ports["kv"]) if "kv" in svc.ports else None
@@ -136,18 +147,34 @@ class LocalSubstrate:
         seed: int,
     ) -> LinkSetup:
         """Put the shaped link (testbed.link.deployment) in front of each decode instance's KV
-        port: on the emulator at `link.toxiproxy`, or on one this substrate starts."""
+        port: on the emulator at `link.toxiproxy`, or on one this substrate starts; with
+        `link.shaper: tc` behind the run's kernel-shaped veth."""
         setup = LinkSetup(dict(upstreams), scale, link.bandwidth)
         self.link = setup
         if not enabled:
             return setup
-        if link.toxiproxy is not None:
-            url = f"http://{link.toxiproxy}"
-        else:
-            self.link_proc, url = await spawn_emulator(seed, self.log_dir)
-        setup.client = LinkClient(url)
+        listen = "127.0.0.1:0"
         try:
-            await add_link_proxies(setup, link, upstreams, lambda _decode_id: "127.0.0.1:0")
+            if link.shaper == "tc":
+                if link.toxiproxy is not None:
+                    raise UserError(
+                        "link.shaper tc needs the emulator this substrate starts (in the run's "
+                        "namespaces); drop link.toxiproxy or use shaper: emulator"
+                    )
+                self.netns = await asyncio.to_thread(
+                    NetnsLink.create, setup.to_wire(link.bandwidth)
+                )
+                setup.kernel = self.netns
+                setup.sender_netns = self.netns.sender_netns
+                listen = f"{self.netns.listen_host}:0"
+            if link.toxiproxy is not None:
+                url = f"http://{link.toxiproxy}"
+            else:
+                self.link_proc, url = await spawn_emulator(
+                    seed, self.log_dir, listen_netns=self.netns.listen_netns if self.netns else None
+                )
+            setup.client = LinkClient(url)
+            await add_link_proxies(setup, link, upstreams, lambda _decode_id: listen)
         except BaseException:
             await self._close_link()
             raise
@@ -160,6 +187,9 @@ class LocalSubstrate:
         if self.link_proc is not None:
             await stop_emulator(self.link_proc)
             self.link_proc = None
+        if self.netns is not None:
+            await asyncio.to_thread(self.netns.close)
+            self.netns = None
 
     def _emulated_link(self) -> LinkSetup:
         if self.link is None or not self.link.enabled:
@@ -176,12 +206,18 @@ class LocalSubstrate:
         await self._emulated_link().heal()
 
     async def shape_link(self, rate_bytes_per_s: float | None, *, qdisc: str = "tbf") -> str:
-        """Kernel shaping needs the emulator in its own network namespace, which the local
-        substrate does not have yet: it comes with the `shaper: tc` issue (#14)."""
-        raise UserError(
-            "kernel (tc) link shaping is not available on the local substrate yet (issue #14, "
-            "`shaper: tc`); use the compose substrate, or the link emulator's bandwidth"
-        )
+        """Set the kernel cap of the run's veth to `rate_bytes_per_s` wire bytes/s (emulated;
+        the run's htb class, whatever `qdisc` says); `None` is refused: the run's link is shaped
+        by tc from start to end. Needs `link.shaper: tc`."""
+        if self.netns is None:
+            raise UserError(
+                "kernel (tc) link shaping on the local substrate needs `link.shaper: tc` "
+                "(or `testbed run --shaper tc`): this run's link is shaped by the emulator"
+            )
+        if rate_bytes_per_s is None:
+            raise UserError("the local substrate's tc link cannot be unshaped during a run")
+        await self.netns.set_rate(rate_bytes_per_s / WIRE_PER_PAYLOAD)
+        return await asyncio.to_thread(self.netns.pair.show)
 
     def _proc(self, handle: ServiceHandle) -> LocalService:
         return self.services[handle.spec.id]

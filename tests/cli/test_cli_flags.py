@@ -73,6 +73,25 @@ def test_run_flags_reach_the_plan_and_the_options(
     assert {(r.input_tokens, r.output_tokens) for r in rp.requests} == {(777, 5)}
 
 
+def test_shaper_overrides_the_link_shaper_and_the_header_says_which(
+    runs: list[tuple[RunPlan, RunOptions]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import testbed.link.netns_link
+
+    probes: list[str] = []
+    monkeypatch.setattr(testbed.link.netns_link, "preflight", lambda: probes.append("p") or False)
+    assert main(["run", TINY, "--quiet", "--out", str(tmp_path)]) == 0
+    assert runs[0][0].deployment.link.shaper == "emulator" and not probes
+    assert "link shaper: emulator" in capsys.readouterr().err
+    assert main(["run", TINY, "--quiet", "--out", str(tmp_path), "--shaper", "tc"]) == 0
+    assert runs[1][1].shaper == "tc" and runs[1][0].deployment.link.shaper == "tc"
+    assert probes == ["p"]  # the kernel preflight ran before the run
+    assert "link shaper: tc (htb on a veth" in capsys.readouterr().err
+
+
 def test_quiet_drops_the_progress_bar(
     runs: list[tuple[RunPlan, RunOptions]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -88,14 +107,20 @@ def test_link_serve_flags(monkeypatch: pytest.MonkeyPatch) -> None:
 
     got: dict[str, Any] = {}
 
-    async def serve(host: str, port: int, *, seed: int | None, config: str | None) -> None:
-        got.update(host=host, port=port, seed=seed, config=config)
+    async def serve(
+        host: str, port: int, *, seed: int | None, config: str | None, listen_netns: str | None
+    ) -> None:
+        got.update(host=host, port=port, seed=seed, config=config, listen_netns=listen_netns)
 
     monkeypatch.setattr(testbed.lifeline, "die_with_parent", lambda: None)
     monkeypatch.setattr(testbed.link.server, "serve", serve)
     argv = ["link", "serve", "--host", "127.0.0.2", "--port", "0", "--config", "c.json"]
     assert main([*argv, "--seed", "7"]) == 0
-    assert got == {"host": "127.0.0.2", "port": 0, "seed": 7, "config": "c.json"}
+    assert got == {
+        "host": "127.0.0.2", "port": 0, "seed": 7, "config": "c.json", "listen_netns": None,
+    }  # fmt: skip
+    assert main([*argv, "--listen-netns", "tbl-x-b"]) == 0
+    assert got["listen_netns"] == "tbl-x-b"
 
 
 class Pair:
@@ -124,8 +149,8 @@ def tc_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
         calls.append(("up", name, kw))
         return Pair(calls, name)
 
-    def teardown(name: str, *, all_mine: bool) -> list[str]:
-        calls.append(("down", name, all_mine))
+    def teardown(name: str, *, all_mine: bool, stale: bool) -> list[str]:
+        calls.append(("down", name, all_mine, stale))
         return []
 
     monkeypatch.setattr(tc, "create_pair", create_pair)
@@ -155,7 +180,13 @@ def test_link_tc_show_and_down_flags(tc_calls: list[tuple[Any, ...]]) -> None:
     assert main(["link", "tc", "show", "--name", "z"]) == 0
     assert main(["link", "tc", "down", "--name", "z"]) == 0
     assert main(["link", "tc", "down", "--all"]) == 0
-    assert tc_calls == [("show", "z"), ("down", "z", False), ("down", "link", True)]
+    assert main(["link", "tc", "down", "--stale"]) == 0
+    assert tc_calls == [
+        ("show", "z"),
+        ("down", "z", False, False),
+        ("down", "link", True, False),
+        ("down", "link", False, True),
+    ]
 
 
 @pytest.fixture

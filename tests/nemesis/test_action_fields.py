@@ -44,6 +44,17 @@ class Link:
         self.set_to.append(real_bytes_per_s)
         self.configured_bytes_per_s = real_bytes_per_s
 
+    async def partition(self) -> None:  # as LinkSetup does without a kernel shaper
+        for proxy in self.proxies:
+            await self.client.disable(proxy)
+
+    async def heal(self) -> None:
+        for proxy in self.proxies:
+            await self.client.enable(proxy)
+
+    async def blackhole(self, on: bool, /) -> None:
+        self.client.calls.append(("blackhole", on))
+
 
 class Processes:
     def __init__(self) -> None:
@@ -107,6 +118,8 @@ async def test_partition_mode_and_timeout() -> None:
         ("disable", "xdc-a"), ("disable", "xdc-b"), ("enable", "xdc-a"), ("enable", "xdc-b"),
     ]  # fmt: skip
     hole = await play({"action": "partition", "at": "1s", "mode": "timeout", "timeout": "2s"})
+    calls = hole.link.client.calls
+    assert calls[0] == ("blackhole", True) and calls[-1] == ("blackhole", False)
     assert toxics(hole) == [
         ("timeout", s, {"timeout": 2000 / TIME_SCALE}, 1.0) for s in ("upstream", "downstream")
     ]

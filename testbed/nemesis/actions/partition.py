@@ -1,5 +1,7 @@
 """partition: `mode: disable` closes the link proxies (connections reset, new ones refused);
-`mode: timeout` black-holes data instead and closes a connection after `timeout` of quiet."""
+`mode: timeout` black-holes data instead and closes a connection after `timeout` of quiet.
+With the kernel shaper (`link.shaper: tc`) both modes also drop every packet crossing the link in
+the kernel until the end (LinkSetup.partition / heal / blackhole)."""
 
 from __future__ import annotations
 
@@ -35,16 +37,19 @@ class PartitionFault(ToxicFault[PartitionAction]):
 
     async def start(self, ctx: NemesisContext) -> dict[str, Any]:
         if self.event.mode == "timeout":
+            link, _ = link_of(ctx)
+            await link.blackhole(True)
             return {"mode": "timeout", **await super().start(ctx)}
-        link, client = link_of(ctx)
-        for proxy in link.proxies:
-            await client.disable(proxy)
+        link, _ = link_of(ctx)
+        await link.partition()
         return {"mode": "disable", "proxies": len(link.proxies)}
 
     async def end(self, ctx: NemesisContext) -> dict[str, Any]:
         if self.event.mode == "timeout":
-            return await super().end(ctx)
-        link, client = link_of(ctx)
-        for proxy in link.proxies:
-            await client.enable(proxy)
+            out = await super().end(ctx)
+            link, _ = link_of(ctx)
+            await link.blackhole(False)
+            return out
+        link, _ = link_of(ctx)
+        await link.heal()
         return {}

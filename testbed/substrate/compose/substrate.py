@@ -26,6 +26,7 @@ from testbed.services.spec import InstanceInfo, ServiceSpec
 from testbed.substrate.base import ServiceHandle
 from testbed.substrate.compose.images import IMAGE, LABEL, Log, docker_client, ensure_images
 from testbed.substrate.compose.images import log_stderr as _log
+from testbed.substrate.compose.kernel import ComposeKernel
 from testbed.substrate.compose.topology import (
     CTL_PROXY_PORT0,
     FIRST_HOST,
@@ -305,6 +306,10 @@ class ComposeSubstrate:
         await link_api.reset(seed=seed)
         self.topology.set_seed(seed)
         setup.client = LinkClient(link_api.url)
+        if link.shaper == "tc":  # the kernel caps the link for the whole run (kernel.py)
+            kernel = ComposeKernel(self.topology)
+            await kernel.set_rate(setup.to_wire(link.bandwidth))
+            setup.kernel = kernel
         listen_ip = self.topology.link_ips["prfaas"]
 
         def listen_for(decode_id: str) -> str:

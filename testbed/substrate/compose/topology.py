@@ -250,7 +250,9 @@ def _tc_script(mac: str, rate_bytes_per_s: float | None, qdisc: str) -> str:
             script += f" tc qdisc replace dev $dev root tbf rate {bits}bit burst {burst} "
             script += "latency 100ms &&"
         else:
-            script += " tc qdisc replace dev $dev root handle 1: htb default 1 &&"
+            # htb cannot `replace` itself: a second call (a rate change) keeps the qdisc
+            script += " { tc qdisc show dev $dev | grep -q 'htb 1: root' ||"
+            script += " tc qdisc replace dev $dev root handle 1: htb default 1; } &&"
             script += f" tc class replace dev $dev parent 1: classid 1:1 htb rate {bits}bit "
             script += f"burst {burst} &&"
     script += " tc qdisc show dev $dev"

@@ -139,6 +139,8 @@ class KVSender:
         reconnect_attempts: consecutive failed connects per slot before it counts as down.
         checksum: frame checksum algorithm (default: fastest available, see checksum.py).
         clock: time source for results and rate meters.
+        netns: open the connections inside this network namespace (the PrfaaS side of a
+            kernel-shaped link, testbed.transfer.netns); None: this process's own.
     """
 
     def __init__(
@@ -160,6 +162,7 @@ class KVSender:
         max_backoff: float = 2.0,
         checksum: ChecksumAlgo | None = None,
         clock: Callable[[], float] = time.monotonic,
+        netns: str | None = None,
     ) -> None:
         if connections < 1:
             raise ValueError("need at least one connection")
@@ -192,6 +195,7 @@ class KVSender:
             reconnect_attempts=reconnect_attempts,
             backoff=backoff,
             max_backoff=max_backoff,
+            netns=netns,
         )
         self._supervisor: asyncio.Task[None] | None = None
 
@@ -308,20 +312,23 @@ class KVSender:
 
 
 async def pooled_sender(
-    senders: dict[tuple[str, int], KVSender], target: tuple[str, int], connections: int
+    senders: dict[tuple[str, int], KVSender],
+    target: tuple[str, int],
+    connections: int,
+    netns: str | None = None,
 ) -> KVSender:
     """The started sender to `target` from a prefill worker's pool, made on first use.
 
     A sender whose receiver was found down (a killed decode instance) is replaced: the receiver
     may be back, restarted on the same port, so connect afresh rather than fail fast on the old
-    verdict."""
+    verdict. `netns`: see KVSender."""
     s = senders.get(target)
     if s is not None and s.unreachable is not None:
         del senders[target]
         await s.aclose()
         s = None
     if s is None:
-        s = KVSender(target[0], target[1], connections=connections, max_retries=2)
+        s = KVSender(target[0], target[1], connections=connections, max_retries=2, netns=netns)
         senders[target] = s
         await s.start()
     return s

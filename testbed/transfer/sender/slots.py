@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterable
 
 from testbed.transfer.checksum import ChecksumAlgo
+from testbed.transfer.netns import open_connection_in
 from testbed.transfer.sender.outbound import Conn, Kind, ReqState
 from testbed.transfer.sender.outbox import Outbox
 from testbed.transfer.wire import (
@@ -40,7 +41,8 @@ class ConnectionSlots:
     """`connections` slots to one address, feeding from and reporting to one Outbox.
 
     If every slot fails to connect `reconnect_attempts` times in a row, the receiver is deemed
-    unreachable (`unreachable` says why) and the outbox's active requests fail.
+    unreachable (`unreachable` says why) and the outbox's active requests fail. With `netns`
+    the connections are opened inside that network namespace (a kernel-shaped link).
     """
 
     def __init__(
@@ -57,8 +59,10 @@ class ConnectionSlots:
         reconnect_attempts: int,
         backoff: float,
         max_backoff: float,
+        netns: str | None = None,
     ) -> None:
         self._outbox = outbox
+        self._netns = netns
         self._host, self._port = host, port
         self._n = connections
         self._algo = algo
@@ -85,9 +89,14 @@ class ConnectionSlots:
         while True:
             try:
                 async with asyncio.timeout(self._connect_timeout):
-                    reader, writer = await asyncio.open_connection(
-                        self._host, self._port, limit=1 << 16
-                    )
+                    if self._netns is None:
+                        reader, writer = await asyncio.open_connection(
+                            self._host, self._port, limit=1 << 16
+                        )
+                    else:  # the PrfaaS side of a kernel-shaped link (testbed.transfer.netns)
+                        reader, writer = await open_connection_in(
+                            self._netns, self._host, self._port, limit=1 << 16
+                        )
             except (OSError, TimeoutError) as exc:
                 failures += 1
                 out.connect_failures += 1
