@@ -88,6 +88,11 @@ class StagePlan:
     bottleneck: str
     gpus: int = 0
     """Accelerators of the deployment (every instance, used or not), for per-GPU figures."""
+    link_utilisation: float = 0.0
+    """Egress at lambda_max over the link's bandwidth (0 without a link)."""
+    link_max_rps: float | None = None
+    """The highest arrival rate whose offloaded KV the link still carries at this threshold
+    (link bandwidth / (offload fraction x S_kv(l_long))); None when nothing crosses it."""
 
     @property
     def lambda_max_per_gpu(self) -> float:
@@ -97,6 +102,11 @@ class StagePlan:
         out = asdict(self)
         del out["deployment"]
         return out
+
+
+LINK_TIE = 0.01
+"""A link-held PrfaaS stage within 1% of lambda_max is named the bottleneck: the threshold search
+ties the stages, so the strict minimum is often another stage a hair below the link's rate."""
 
 
 def stage_throughputs(
@@ -147,11 +157,16 @@ def plan_deployment(
     *,
     link_bytes_per_s: float | None = None,
     n_prefill: int | None = None,
+    threshold_tokens: float | None = None,
 ) -> StagePlan:
     """Best operating point of one deployment.
 
     `link_bytes_per_s` overrides the configured link bandwidth (the scheduler passes what it
-    measures); `n_prefill` pins the PD split instead of searching it (the long-term loop owns it).
+    measures); `n_prefill` pins the PD split instead of searching it (the long-term loop owns it);
+    `threshold_tokens` fixes t instead of searching it (what a fixed-threshold policy runs).
+    The bottleneck is `link` when the PrfaaS stage is held back by the link rather than by its
+    prefill compute and it is within LINK_TIE of lambda_max: the search then balanced the other
+    stages against the link (a dense model's t is pushed up until its KV fits).
     """
     model = MODELS[deployment.model]
     link = deployment.link.bandwidth if link_bytes_per_s is None else link_bytes_per_s
@@ -169,6 +184,8 @@ def plan_deployment(
         splits = [(n_p, n_local - n_p) for n_p in range(lo, hi + 1)]
         if deployment.kind == "homogeneous":
             thresholds = np.array([math.inf])
+        elif threshold_tokens is not None:
+            thresholds = np.array([float(threshold_tokens)])
         else:
             thresholds = _threshold_grid(inputs.lengths, inputs.threshold_step)
 
@@ -208,6 +225,17 @@ def plan_deployment(
             if best is not None and key <= best[0]:
                 continue
             egress = lam * p * model.kv_bytes(l_long) * 8 / 1e9 if p > 0 else 0.0
+            link_bound = (
+                p > 0
+                and n_prfaas_total > 0
+                and prfaas_hw is not None
+                and link / model.kv_bytes(l_long)
+                < n_prfaas_total / model.prefill_time(prfaas_hw, l_long)
+            )
+            bottleneck = min(stage_rates, key=lambda k: stage_rates[k])
+            if link_bound and stage_rates["prfaas"] <= lam * (1 + LINK_TIE):
+                bottleneck = "link"  # the link holds the PrfaaS stage at (or within a hair of) lam
+            link_gbps = link * 8 / 1e9 if deployment.prfaas else 0.0
             plan = StagePlan(
                 deployment=name,
                 lambda_max_rps=lam,
@@ -222,10 +250,12 @@ def plan_deployment(
                 theta_pdp_rps=th_pdp if deployment.kind != "naive" else None,
                 theta_pdd_rps=th_pdd,
                 egress_gbps=egress,
-                link_gbps=link * 8 / 1e9 if deployment.prfaas else 0.0,
+                link_gbps=link_gbps,
                 bs_max=bs_max,
                 t_decode_s=t_decode,
-                bottleneck=min(stage_rates, key=lambda k: stage_rates[k]),
+                bottleneck=bottleneck,
+                link_utilisation=egress / link_gbps if link_gbps else 0.0,
+                link_max_rps=link / (p * model.kv_bytes(l_long)) if p > 0 and link_gbps else None,
             )
             best = (key, plan)
     assert best is not None

@@ -391,6 +391,10 @@ FLAGS: dict[str, Tests] = {
         FIT_FLAGS,
         FIT + "test_tolerance_and_knot_budget_change_the_fit",
     ),
+    "testbed plan --threshold": (
+        "tests/test_planner_link.py::test_plan_threshold_flag",
+        "tests/test_planner_link.py::test_dense_kv_is_held_by_the_link_as_table3_says",
+    ),
     "testbed plan --json": (
         "tests/cli/test_cli_plan.py::test_plan_json_has_every_deployment",
         "tests/cli/test_cli_plan.py::test_plan_table_is_readable",

@@ -9,12 +9,17 @@ from typing import Any
 from testbed.planner import StagePlan, plan_deployment, plan_inputs
 from testbed.scenario.library import resolve_scenario
 from testbed.scenario.schema import Scenario, load_scenario
-from testbed.units import format_tokens
+from testbed.units import UnitError, format_tokens, parse_tokens
 
 
-def plan_scenario(scenario: Scenario) -> dict[str, StagePlan]:
+def plan_scenario(scenario: Scenario, threshold: float | None = None) -> dict[str, StagePlan]:
+    """Each deployment's best operating point; with `threshold`, t is fixed there (as a
+    fixed-threshold policy runs) and only the PD split is searched."""
     inputs = plan_inputs(scenario)
-    return {name: plan_deployment(name, dep, inputs) for name, dep in scenario.deployments.items()}
+    return {
+        name: plan_deployment(name, dep, inputs, threshold_tokens=threshold)
+        for name, dep in scenario.deployments.items()
+    }
 
 
 def render_table(plans: dict[str, StagePlan]) -> str:
@@ -51,6 +56,17 @@ def render_table(plans: dict[str, StagePlan]) -> str:
             ],
         ),
         ("egress (Gbps)", [f"{p.egress_gbps:.1f}" for p in plans.values()]),
+        (
+            "link use at lambda_max",
+            [f"{p.link_utilisation:.0%}" if p.link_gbps else "-" for p in plans.values()],
+        ),
+        (
+            "link carries up to",
+            [
+                "-" if p.link_max_rps is None else f"{p.link_max_rps:.2f} req/s"
+                for p in plans.values()
+            ],
+        ),
         ("BS_max @ T_decode", [f"{p.bs_max} @ {p.t_decode_s * 1e3:.0f}ms" for p in plans.values()]),
         ("bottleneck", [p.bottleneck for p in plans.values()]),
         (
@@ -71,7 +87,7 @@ def render_table(plans: dict[str, StagePlan]) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     scenario = load_scenario(resolve_scenario(args.scenario))
-    plans = plan_scenario(scenario)
+    plans = plan_scenario(scenario, args.threshold)
     if args.json:
         doc: dict[str, Any] = {
             "scenario": scenario.name,
@@ -79,9 +95,20 @@ def _run(args: argparse.Namespace) -> int:
         }
         print(json.dumps(doc, indent=2))
     else:
-        print(f"planner: {scenario.name} (the paper's Eqs. 3-8)")
+        fixed = f", t fixed at {format_tokens(args.threshold)}" if args.threshold else ""
+        print(f"planner: {scenario.name} (the paper's Eqs. 3-8{fixed})")
         print(render_table(plans))
     return 0
+
+
+def _tokens(text: str) -> float:
+    try:
+        v = parse_tokens(text)
+    except UnitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError("must be greater than zero")
+    return v
 
 
 def add_parser(sub: Any) -> None:
@@ -93,4 +120,11 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("scenario", help="scenario YAML file, or a library name (`testbed scenarios`)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument(
+        "--threshold",
+        type=_tokens,
+        metavar="TOKENS",
+        help='fix the threshold t (e.g. "19.5K") instead of searching it: what a fixed-threshold '
+        "policy such as prfaas-static runs; the PD split is still searched",
+    )
     p.set_defaults(func=_run)

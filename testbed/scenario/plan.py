@@ -160,7 +160,11 @@ def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
                 f"--shaper {opts.shaper}: deployment {name!r} has no cross-datacenter link"
             )
         dep = dep.model_copy(update={"link": dep.link.model_copy(update={"shaper": opts.shaper})})
-    plan = plan_deployment(name, dep, plan_inputs(scenario))
+    t_cfg = scenario.policy.threshold
+    # A fixed threshold is the operating point the run has: plan the PD split and lambda_max
+    # (what `load` is a fraction of) for it, not for the threshold the search would pick.
+    fixed_t = float(t_cfg) if t_cfg != "auto" and get_policy(policy).needs_threshold else None
+    plan = plan_deployment(name, dep, plan_inputs(scenario), threshold_tokens=fixed_t)
     n_local = dep.local.instances
     if dep.kind == "naive":
         n_prefill, n_decode = 0, n_local

@@ -4,9 +4,10 @@
 real-world time) and swaps in a tiny deployment (2 PrfaaS + 1 PD-P + 3 PD-D instances, one
 process each) at time_scale 20 / byte_scale 2000, so a 180 s scenario plays in about 9 s of
 wall time (scenarios on the real tiny model, `engine: torch`, are small already and run as
-they are). Faults aimed at a group (`local-decode`) still resolve; the arrival rate, given as a
-fraction of lambda_max, follows the smaller deployment, and so do link bandwidth faults (scaled by
-the ratio of PrfaaS instances).
+they are). The tiny deployment keeps the scenario's model and hardware (a user profile's too).
+Faults aimed at a group (`local-decode`) still resolve; the arrival rate follows the smaller
+deployment (a `load` by itself, a fixed `rate` by the ratio of the two lambda_max), and so do
+link bandwidth faults (scaled by the ratio of PrfaaS instances).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from testbed.config import DeploymentConfig, ScaleConfig
+from testbed.planner import plan_deployment, plan_inputs
 from testbed.scenario.plan import RunOptions, RunResult, prepare_run
 from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import Scenario, load_scenario
@@ -47,7 +49,8 @@ def chaos_variant(name: str, **updates: object) -> Scenario:
         return sc.model_copy(update=updates)
     # A bandwidth fault keeps its bite: the tiny deployment's PrfaaS cluster offers the link
     # less KV, so the link is cut in the same proportion.
-    full = next(iter(sc.deployments.values()))
+    full = sc.deployments[sc.deployment] if sc.deployment else next(iter(sc.deployments.values()))
+    tiny = _tiny_like(full)
     assert TINY.prfaas is not None
     ratio = TINY.prfaas.instances / full.prfaas.instances if full.prfaas is not None else 1.0
     nemesis = [
@@ -56,13 +59,39 @@ def chaos_variant(name: str, **updates: object) -> Scenario:
         else ev
         for ev in sc.nemesis
     ]
+    workload = sc.workload
+    rate = workload.arrivals.rate
+    if rate is not None:  # a rate, unlike a load, does not follow the deployment: scale it
+        inputs = plan_inputs(sc)
+        t = sc.policy.threshold
+        fixed = None if t == "auto" else float(t)  # as prepare_run plans a fixed threshold
+        ratio_rps = (
+            plan_deployment("tiny", tiny, inputs, threshold_tokens=fixed).lambda_max_rps
+            / plan_deployment("full", full, inputs, threshold_tokens=fixed).lambda_max_rps
+        )
+        arrivals = workload.arrivals.model_copy(update={"rate": rate * ratio_rps})
+        workload = workload.model_copy(update={"arrivals": arrivals})
     return sc.model_copy(
         update={
-            "deployments": {"tiny": TINY},
+            "deployments": {"tiny": tiny},
             "deployment": "tiny",
             "scale": ScaleConfig(time_scale=20, byte_scale=2000),
             "nemesis": nemesis,
+            "workload": workload,
             **updates,
+        }
+    )
+
+
+def _tiny_like(full: DeploymentConfig) -> DeploymentConfig:
+    """TINY with the scenario's own model and hardware (a user profile's included)."""
+    assert TINY.prfaas is not None
+    prfaas_hw = full.prfaas.hardware if full.prfaas is not None else TINY.prfaas.hardware
+    return TINY.model_copy(
+        update={
+            "model": full.model,
+            "prfaas": TINY.prfaas.model_copy(update={"hardware": prfaas_hw}),
+            "local": TINY.local.model_copy(update={"hardware": full.local.hardware}),
         }
     )
 
