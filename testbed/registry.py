@@ -12,22 +12,24 @@ that drops a module into a temporary directory) can do so before the registry is
 Modules are imported in sorted order and entries listed sorted by name, so the order of names in
 a message or a schema is the same on every machine whatever was imported first.
 
-`register` is also the seam for entries from outside the package: a test's toy today, plugin
-classes (`module:Class`, entry points) in the next step. `added` registers one for the length of
-a `with` block, which is what a test wants.
+`register` is also the seam for entries from outside the package: a test's toy, and for a family
+with an entry-point group (policies), plugins: a lookup of an unknown name loads `module:Class`
+or the entry point of that name (testbed.plugins). `added` registers one for the length of a
+`with` block, which is what a test wants.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import pkgutil
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from testbed.errors import UserError
 
-__all__ = ["Registry", "UnknownName"]
+__all__ = ["PluginError", "Registry", "UnknownName", "load_plugin", "plugin_names"]
 
 T = TypeVar("T")
 
@@ -54,12 +56,16 @@ class Registry(Mapping[str, T]):
         package: str,
         names: Callable[[T], Iterable[str]],
         check: Callable[[T], None] | None = None,
+        plugins: str | None = None,
     ) -> None:
         self.family = family
         self.package = package
         self._names = names
         self._check = check
+        self.plugins = plugins
+        """Entry-point group of outside entries (a name there, or `module:Attr`, loads one)."""
         self._entries: dict[str, T] = {}
+        self._plugin_names: set[str] = set()
         self._discovered = False
 
     # ------------------------------------------------------------------------- registering
@@ -104,11 +110,35 @@ class Registry(Mapping[str, T]):
 
     def __getitem__(self, name: str) -> T:
         self._discover()
-        try:
-            return self._entries[name]
-        except KeyError:
-            known = ", ".join(sorted(self._entries))
-            raise UnknownName(f"unknown {self.family} {name!r}; known: {known}") from None
+        entry = self._entries.get(name)
+        if entry is not None:
+            return entry
+        if self.plugins is not None:
+            found = load_plugin(self, name)
+            if found is not None:
+                return found
+        known = ", ".join(sorted({*self._entries, *plugin_names(self)}))
+        how = " (or an outside one as module:Class)" if self.plugins else ""
+        raise UnknownName(f"unknown {self.family} {name!r}; known: {known}{how}")
+
+    def is_plugin(self, name: str) -> bool:
+        """Whether `name` was loaded from outside the package (module:Class, an entry point)."""
+        self[name]
+        return name in self._plugin_names
+
+    def forget_plugins(self) -> None:
+        """Drop every outside entry (a test's plugins, when the test is done)."""
+        for name in self._plugin_names:
+            self._entries.pop(name, None)
+        self._plugin_names.clear()
+
+    def add_plugin(self, name: str, entry: T) -> T:
+        """Register an outside entry under its own names and under `name`, what the user wrote
+        (the run records that spelling; the router looks it up again in its own process)."""
+        self.register(entry)
+        self._entries[name] = entry
+        self._plugin_names.update({name, *self._names(entry)})
+        return entry
 
     def __iter__(self) -> Iterator[str]:
         self._discover()
@@ -140,6 +170,66 @@ class Registry(Mapping[str, T]):
         except BaseException:
             self._discovered = False
             raise
+
+
+# ------------------------------------------------------------------------------- plugins
+# Loading entries from outside the package: `module:Class` and entry points. An engineer's own
+# policy lives in their own package: `--policy mypkg.routing:LeastTTFT` imports it by path, and an
+# installed package can also declare it under the family's entry-point group
+# (`prfaas_testbed.policies`) and be called by the entry point's name. Either way the entry goes
+# through the same checks as a built-in one, and anything that stops it from loading (an import
+# error, a missing class, a missing method or fact, a name already taken) is one line naming the
+# plugin, raised before a run starts.
+
+
+class PluginError(UserError):
+    """An outside entry that cannot be used; the message names it and says why."""
+
+
+def _entry_points(group: str) -> dict[str, importlib.metadata.EntryPoint]:
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=group)}
+
+
+def plugin_names(registry: Registry[Any]) -> list[str]:
+    """Names the family's entry-point group offers (not loaded)."""
+    return sorted(_entry_points(registry.plugins)) if registry.plugins else []
+
+
+def load_plugin(registry: Registry[T], name: str) -> T | None:
+    """The entry `name` names (`module:Attr`, or an entry point of the registry's group),
+    registered; None if `name` is neither."""
+    what = f"{registry.family} plugin {name!r}"
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        if not module_name or not attr:
+            raise PluginError(f"{what}: write it as module:Class")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # anything the user's module raises while importing
+            raise PluginError(f"{what}: cannot import {module_name}: {_one_line(exc)}") from None
+        entry = getattr(module, attr, None)
+        if entry is None:
+            raise PluginError(f"{what}: module {module_name} has no {attr!r}")
+    else:
+        ep = _entry_points(registry.plugins).get(name) if registry.plugins else None
+        if ep is None:
+            return None
+        try:
+            entry = ep.load()
+        except Exception as exc:
+            raise PluginError(
+                f"{what} (entry point {ep.value} of {ep.dist.name if ep.dist else '?'}): "
+                f"cannot load: {_one_line(exc)}"
+            ) from None
+    try:
+        return registry.add_plugin(name, entry)
+    except (TypeError, ValueError) as exc:
+        raise PluginError(f"{what}: {_one_line(exc)}") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _label(entry: object) -> str:

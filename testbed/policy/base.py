@@ -101,6 +101,8 @@ _FACTS = ("needs_threshold", "replans", "long_term", "cache_aware")
 def _check_policy(cls: type[Policy]) -> None:
     """A class missing a fact (or with a wrong one) is refused when it registers, not when a
     run first reads it."""
+    if not isinstance(cls, type):
+        raise TypeError(f"{cls!r} is not a class")
     label = f"policy class {cls.__module__}.{cls.__qualname__}"
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name:
@@ -116,9 +118,14 @@ def _check_policy(cls: type[Policy]) -> None:
 
 
 POLICIES: Registry[type[Policy]] = Registry(
-    "policy", "testbed.policy", names=lambda cls: (cls.name,), check=_check_policy
+    "policy",
+    "testbed.policy",
+    names=lambda cls: (cls.name,),
+    check=_check_policy,
+    plugins="prfaas_testbed.policies",
 )
-"""Every policy class by name; `@POLICIES.register` on a class in a module of this package."""
+"""Every policy class by name; `@POLICIES.register` on a class in a module of this package, or
+from outside it: `module:Class`, or an entry point of the `prfaas_testbed.policies` group."""
 
 
 def least_loaded(snapshot: Snapshot, cluster: Cluster | None, role: str) -> InstanceLoad:

@@ -151,8 +151,12 @@ def _pick_deployment(scenario: Scenario, policy: str) -> tuple[str, DeploymentCo
 def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
     """Decide the policy, deployment, threshold, PD split, arrival rate and requests."""
     policy = opts.policy or scenario.policy.name
-    if policy not in POLICIES:
-        raise UserError(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}")
+    get_policy(policy)  # an unknown name, or a plugin that cannot load: one line, now
+    if opts.substrate == "compose" and POLICIES.is_plugin(policy):
+        raise UserError(
+            f"policy plugin {policy!r} runs on the local substrate: the compose images carry "
+            "only the testbed's own policies (docs/extending.md)"
+        )
     name, dep = _pick_deployment(scenario, policy)
     if opts.shaper is not None:
         if dep.prfaas is None:

@@ -45,6 +45,7 @@ from testbed.engine.torch.config import TinyConfig
 from testbed.errors import ConfigError
 from testbed.nemesis import ACTIONS, NemesisEvent, nemesis_union
 from testbed.policy import POLICIES
+from testbed.registry import UnknownName
 
 __all__ = ["CheckerAction", "NemesisAction", "Scenario", "load_scenario"]
 
@@ -101,9 +102,10 @@ class Scenario(StrictModel):
     def _policy_is_known(self) -> Scenario:
         """Every command that reads the scenario (run, plan, sweep) refuses a policy name that
         nothing implements, rather than planning for it and failing later."""
-        if self.policy.name not in POLICIES:
-            known = ", ".join(sorted(POLICIES))
-            raise ValueError(f"policy.name: unknown policy {self.policy.name!r}; known: {known}")
+        try:
+            POLICIES[self.policy.name]  # a plugin (module:Class, entry point) loads here
+        except UnknownName as exc:
+            raise ValueError(f"policy.name: {exc}") from None
         return self
 
     @model_validator(mode="after")

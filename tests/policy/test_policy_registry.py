@@ -48,7 +48,7 @@ def test_an_unknown_name_is_one_line_listing_the_known_ones() -> None:
     assert isinstance(info.value, KeyError) and isinstance(info.value, UserError)
     assert str(info.value) == (
         "unknown policy 'random'; known: homogeneous, naive, prfaas, prfaas-nocache, "
-        "prfaas-nolongterm, prfaas-static"
+        "prfaas-nolongterm, prfaas-static (or an outside one as module:Class)"
     )
     assert "random" not in POLICIES
 
