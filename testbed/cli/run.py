@@ -8,18 +8,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from testbed.clock import LiveClock
 from testbed.errors import UserError
 from testbed.metrics.summary import to_text
-from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.plan import RunOptions, RunPlan, RunResult, prepare_run
 from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import load_scenario
 from testbed.substrate import SUBSTRATES
 
 SCENARIO_DIR = Path("scenarios")
+RUN_SUBSTRATES = (*SUBSTRATES, "sim")
+"""Where `testbed run` can run a scenario: a live substrate, or the simulator (testbed.sim)."""
 
 
 def _positive_float(text: str) -> float:
@@ -33,8 +36,11 @@ def _positive_float(text: str) -> float:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.substrate not in SUBSTRATES:
-        raise UserError(f"substrate {args.substrate!r} is not available; use 'local' or 'compose'")
+    started = time.perf_counter()
+    if args.substrate not in RUN_SUBSTRATES:
+        raise UserError(
+            f"substrate {args.substrate!r} is not available; use one of {', '.join(RUN_SUBSTRATES)}"
+        )
     scenario = load_scenario(args.scenario)
     out = Path(args.out) if args.out else Path("results") / scenario.name
     opts = RunOptions(
@@ -44,8 +50,11 @@ def _run(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         out_dir=out,
         progress=not args.quiet,
+        seed=args.seed,
     )
     rp = prepare_run(scenario, opts)
+    if opts.substrate == "sim":
+        return _simulate(rp, opts, started)
     clock = LiveClock.paced(scenario.scale)
     wall = clock.wall(rp.duration_s)
     rate = f"{rp.rate_rps:.2f} req/s" if rp.rate_rps else "trace timing"
@@ -72,15 +81,34 @@ def _run(args: argparse.Namespace) -> int:
             bar.refresh()
 
     try:
-        result = asyncio.run(run_scenario(rp, opts, progress))
+        result = asyncio.run(run_scenario(rp, opts, progress, started))
     finally:
         if bar is not None:
             bar.close()
+    return _report(result)
+
+
+def _simulate(rp: RunPlan, opts: RunOptions, started: float) -> int:
+    """`--substrate sim`: the scenario in virtual time (testbed.sim), same results."""
+    from testbed.scenario.sim_run import run_sim
+
+    sc = rp.scenario
+    print(
+        f"testbed: {sc.name}: {rp.policy} on {rp.deployment_name} "
+        f"({(rp.deployment.prfaas.instances if rp.deployment.prfaas else 0)} PrfaaS + "
+        f"{rp.n_prefill} PD-P + {rp.n_decode} PD-D); {len(rp.requests)} requests over "
+        f"{rp.duration_s:.0f}s real-world, simulated (seed {sc.seed})",
+        file=sys.stderr,
+    )
+    return _report(run_sim(rp, opts, started))
+
+
+def _report(result: RunResult) -> int:
     print(to_text(result.summary))
     for check in result.checks:
         shown = {"ok": "ok", "failed": "FAILED", "vacuous": "VACUOUS"}[check.verdict]
         print(f"check {check.name}: {shown} - {check.detail}")
-    print(f"results: {out}/ (requests.jsonl, summary.json, report.md, timeline.png)")
+    print(f"results: {result.out_dir}/ (requests.jsonl, summary.json, report.md, timeline.png)")
     return result.exit_code
 
 
@@ -102,7 +130,18 @@ def add_parser(sub: Any) -> None:
         "requests.jsonl, history.jsonl, summary.json, report.md and timeline.png.",
     )
     p.add_argument("scenario", help="scenario YAML file")
-    p.add_argument("--substrate", default="local", choices=list(SUBSTRATES))
+    p.add_argument(
+        "--substrate",
+        default="local",
+        choices=list(RUN_SUBSTRATES),
+        help="where to run: local processes, compose containers, or sim (virtual time)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        metavar="N",
+        help="replace the scenario's seed (workload, fault targets, link jitter)",
+    )
     p.add_argument("--policy", help="routing policy (default: the scenario's)")
     p.add_argument("--trace", help="Mooncake JSONL trace to replay")
     p.add_argument(

@@ -29,6 +29,7 @@ from testbed.nemesis import (
 from testbed.planner import StagePlan, plan_deployment, plan_inputs
 from testbed.policy import POLICIES, get_policy
 from testbed.scenario.schema import Scenario
+from testbed.sim import refuse_unmodelled
 from testbed.workload.build import length_distribution
 from testbed.workload.generate import RequestSpec, generate_requests
 
@@ -45,6 +46,8 @@ class RunOptions:
     progress: bool = True
     drain_timeout_s: float = 120.0
     """Wall seconds to wait for in-flight requests after the last arrival."""
+    seed: int | None = None
+    """Replaces the scenario's seed (workload, fault targets, link jitter), on every substrate."""
 
 
 @dataclass
@@ -113,10 +116,14 @@ def _pick_deployment(scenario: Scenario, policy: str) -> tuple[str, DeploymentCo
 
 def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
     """Decide the policy, deployment, threshold, PD split, arrival rate and requests."""
+    if opts.seed is not None:
+        scenario = scenario.model_copy(update={"seed": opts.seed})
     policy = opts.policy or scenario.policy.name
     if policy not in POLICIES:
         raise UserError(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}")
     name, dep = _pick_deployment(scenario, policy)
+    if opts.substrate == "sim":
+        refuse_unmodelled(name, dep)
     plan = plan_deployment(name, dep, plan_inputs(scenario))
     n_local = dep.local.instances
     if dep.kind == "naive":

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -446,9 +447,14 @@ class _Run:
 
 
 async def run_scenario(
-    rp: RunPlan, opts: RunOptions, on_progress: Callable[[int, int], None] | None = None
+    rp: RunPlan,
+    opts: RunOptions,
+    on_progress: Callable[[int, int], None] | None = None,
+    started: float | None = None,
 ) -> RunResult:
-    """Run one prepared scenario live and write its results to `opts.out_dir`."""
+    """Run one prepared scenario live and write its results to `opts.out_dir`. `started` is
+    the perf_counter reading when the command began (summary.json's `wall.total_s`)."""
+    begun = time.perf_counter()
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     run = _Run(rp, opts)
     run.journal_to(opts.out_dir)
@@ -475,10 +481,19 @@ async def run_scenario(
         finally:
             await run.shutdown()
         run.close_journals()
+        ran_s = time.perf_counter() - begun
         records = [run.records[i] for i in run.submitted if i in run.records]
         write_jsonl_atomic(opts.out_dir / "history.jsonl", (e.to_json() for e in run.history))
         result = write_results(
-            rp, opts, run.submitted, records, run.history, run.notes, run.interrupted
+            rp,
+            opts,
+            run.submitted,
+            records,
+            run.history,
+            run.notes,
+            run.interrupted,
+            simulate_s=ran_s,
+            started=begun if started is None else started,
         )
         result.signal = run.signal
         return result
