@@ -79,6 +79,9 @@ class SimCluster:
         self.outstanding: dict[str, int] = dict.fromkeys(self.instances, 0)
         self.work: dict[str, float] = dict.fromkeys(self.instances, 0.0)
         self._watching: set[str] = set()
+        self._loads: dict[str, InstanceLoad] = {}
+        """Each instance's InstanceLoad as of its last change (a snapshot reuses them: a
+        decision changes two instances' load, not all of them)."""
 
     # ------------------------------------------------------------------ load and health
 
@@ -88,18 +91,28 @@ class SimCluster:
         if prefill is not None:
             self.outstanding[prefill] += sign
             self.work[prefill] += sign * tokens
+            self._loads.pop(prefill, None)
         if decode is not None:
             self.outstanding[decode] += sign
             self.work[decode] += sign * out
+            self._loads.pop(decode, None)
+
+    def _load(self, i: SimInstance) -> InstanceLoad:
+        load = self._loads.get(i.id)
+        if load is None or load.role != i.role:
+            load = self._loads[i.id] = InstanceLoad(
+                i.id, i.cluster, i.role, self.outstanding[i.id], self.work[i.id]
+            )
+        return load
 
     def snapshot(self, exclude: frozenset[str] = frozenset()) -> Snapshot:
         """Load of every healthy instance not excluded nor draining (as the live router)."""
         draining = self.state.draining
-        healthy, out, work = self.healthy, self.outstanding, self.work
+        healthy, load = self.healthy, self._load
         return Snapshot(
             now=self.loop.time(),
             instances=tuple(
-                InstanceLoad(i.id, i.cluster, i.role, out[i.id], work[i.id])
+                load(i)
                 for i in self.instances.values()
                 if healthy[i.id]
                 and i.id not in exclude

@@ -17,13 +17,14 @@ KV delivered -> admitted -> tokens done), not a coroutine: the sim spends its ti
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from testbed.engine.emulated import wire_layer_bytes
 from testbed.kvcache.manager import CacheLookup, CachePlan, KVCacheManager, plan_request
 from testbed.metrics.records import RequestRecord
 from testbed.policy.base import Policy, RequestView, Route
+from testbed.profiles import ModelProfile
 from testbed.scheduler.loops import ControlLoops
 from testbed.services.kv_expect import REGISTER_TIMEOUT_S
 from testbed.services.router.dispatch import MAX_ATTEMPTS, NO_ROUTE_WAIT_S
@@ -32,7 +33,30 @@ from testbed.sim.instances import PrefillJob, Slot
 from testbed.sim.link import Flow
 from testbed.workload.generate import RequestSpec
 
-__all__ = ["Attempt", "SimDispatcher"]
+__all__ = ["Attempt", "SimDispatcher", "wire_kv_bytes"]
+
+
+def wire_kv_bytes(model: ModelProfile, tokens: int, byte_scale: float) -> int:
+    """sum(engine.emulated.wire_layer_bytes(model, tokens, byte_scale)) without building the
+    list: the layers are two groups of near-equal shares (ModelProfile.layer_bytes), so the sum
+    of their rounded-up scaled sizes is two products per group (tests/sim check it is equal)."""
+    total = round(model.kv_bytes(tokens))
+    if total == 0:
+        return 0
+    kinds = model.layer_kinds
+    n_lin = kinds.count("linear")
+    n_full = len(kinds) - n_lin
+    state = min(round(model.state_bytes), total) if n_lin else 0
+
+    def group(amount: int, parts: int) -> int:
+        if parts == 0:
+            return 0
+        base, extra = divmod(amount, parts)
+        return extra * math.ceil((base + 1) / byte_scale) + (parts - extra) * math.ceil(
+            base / byte_scale
+        )
+
+    return group(state, n_lin) + group(total - state, n_full)
 
 
 @dataclass(eq=False)
@@ -123,9 +147,7 @@ class SimDispatcher:
     def _kv_wire_bytes(self, kv_tokens: int) -> int:
         n = self._sizes.get(kv_tokens)
         if n is None:
-            n = self._sizes[kv_tokens] = sum(
-                wire_layer_bytes(self.model, kv_tokens, self.byte_scale)
-            )
+            n = self._sizes[kv_tokens] = wire_kv_bytes(self.model, kv_tokens, self.byte_scale)
         return n
 
     def _routed_length(self, view: RequestView) -> int:

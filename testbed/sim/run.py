@@ -163,12 +163,21 @@ async def _run(inp: SimInputs) -> SimOutput:
     history.append(HistoryEvent(0.0, "plan", dict(inp.plan_event)))
     submitted: list[str] = []
 
-    def submit(spec: RequestSpec) -> None:
-        submitted.append(spec.id)
-        dispatcher.submit(spec)
+    arrivals = sorted(inp.requests, key=lambda r: r.arrival)  # stable: ties keep their order
 
-    for spec in inp.requests:
-        loop.call_at(spec.arrival, submit, spec)
+    def submit(i: int) -> None:
+        """Submit the arrivals due now, then set one timer for the next: the loop's timer heap
+        holds one arrival, not every request of the run."""
+        while i < len(arrivals) and arrivals[i].arrival <= loop.time():
+            spec = arrivals[i]
+            submitted.append(spec.id)
+            dispatcher.submit(spec)
+            i += 1
+        if i < len(arrivals):
+            loop.call_at(arrivals[i].arrival, submit, i)
+
+    if arrivals:
+        loop.call_at(arrivals[0].arrival, submit, 0)
     proxies = [i.id for i in instances if i.decode is not None]
     ctx = SimNemesis(
         SimProcesses(cluster.instances, dispatcher.lost_instance),
