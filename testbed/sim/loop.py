@@ -20,6 +20,8 @@ A run that waits on something with no timer behind it can never continue; the lo
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import selectors
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
@@ -70,12 +72,30 @@ class _VirtualSelector(selectors.BaseSelector):
         self._map.clear()
 
 
+class _Timer(asyncio.TimerHandle):
+    """A timer ordered by (time, order set): timers due at the same instant run first in,
+    first out, as a reader of the models expects (heapq alone would not keep that order)."""
+
+    __slots__ = ("_seq",)
+
+    def __init__(self, when: float, seq: int, callback: Callable[..., object], args: Any,
+                 loop: asyncio.AbstractEventLoop, context: Any) -> None:  # fmt: skip
+        super().__init__(when, callback, args, loop, context)
+        self._seq = seq
+
+    def __lt__(self, other: object) -> bool:
+        if isinstance(other, _Timer):
+            return (self._when, self._seq) < (other._when, other._seq)
+        return NotImplemented
+
+
 class VirtualLoop(asyncio.SelectorEventLoop):
     """An asyncio loop in virtual time (see the module docstring); time starts at 0."""
 
     def __init__(self) -> None:
         selector = _VirtualSelector()
         self._vt = 0.0
+        self._seq = itertools.count()
         super().__init__(selector)
         selector.loop = self
         self._clock_resolution = 1e-6
@@ -85,6 +105,16 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._vt
+
+    def call_at(  # type: ignore[override]
+        self, when: float, callback: Callable[..., object], *args: Any, context: Any = None
+    ) -> asyncio.TimerHandle:
+        """BaseEventLoop.call_at with FIFO order among timers due at the same time."""
+        self._check_closed()  # type: ignore[attr-defined]
+        timer = _Timer(when, next(self._seq), callback, args, self, context)
+        heapq.heappush(self._scheduled, timer)  # type: ignore[attr-defined]
+        timer._scheduled = True  # type: ignore[attr-defined]
+        return timer
 
     def advance_to_next_timer(self) -> None:
         """Jump to the earliest timer (the loop pops cancelled ones off the head first)."""
