@@ -207,7 +207,7 @@ class SimDecode:
         if not self.active or self.tau <= 0:
             self.t0 = max(self.t0, now) if not self.active else self.t0
             return
-        k = int(math.floor((now - self.t0) / self.tau + 1e-9))
+        k = math.floor((now - self.t0) / self.tau + 1e-9)
         if k <= 0:
             return
         left = min(s.output_tokens - s.generated for s in self.active)

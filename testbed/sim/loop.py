@@ -43,9 +43,7 @@ class _VirtualSelector(selectors.BaseSelector):
         self._map: dict[int, selectors.SelectorKey] = {}
         self.loop: VirtualLoop | None = None
 
-    def register(
-        self, fileobj: Any, events: int, data: Any = None
-    ) -> selectors.SelectorKey:
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
         key = selectors.SelectorKey(fileobj, fd, events, data)
         self._map[fd] = key
@@ -85,7 +83,7 @@ class _Timer(asyncio.TimerHandle):
 
     def __lt__(self, other: object) -> bool:
         if isinstance(other, _Timer):
-            return (self._when, self._seq) < (other._when, other._seq)
+            return (self._when, self._seq) < (other._when, other._seq)  # type: ignore[attr-defined]
         return NotImplemented
 
 
@@ -131,7 +129,7 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         fut: asyncio.Future[T] = self.create_future()
         try:
             fut.set_result(func(*args))
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever awaits, as an executor does
+        except BaseException as exc:
             fut.set_exception(exc)
         return fut
 

@@ -153,9 +153,7 @@ class SimProcesses:
 class SimNemesis:
     """The `NemesisContext` of a simulated run."""
 
-    def __init__(
-        self, processes: SimProcesses, link: SimLinkControl | None, clock: Clock
-    ) -> None:
+    def __init__(self, processes: SimProcesses, link: SimLinkControl | None, clock: Clock) -> None:
         self._processes = processes
         self._services: dict[str, Any] = {iid: iid for iid in processes.instances}
         self._link = link

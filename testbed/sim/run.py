@@ -21,6 +21,7 @@ from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.nemesis import NemesisPlayer, PlannedFault, stop_player
 from testbed.policy import get_policy, make_policy
 from testbed.profiles import MODELS
+from testbed.scheduler.cluster import Role
 from testbed.scheduler.loops import ControlLoops
 from testbed.scheduler.spec import SchedulerSpec
 from testbed.scheduler.state import SchedulerState
@@ -95,17 +96,21 @@ def _instances(inp: SimInputs, loop: asyncio.AbstractEventLoop) -> list[SimInsta
         hw = dep.prfaas.hardware
         for i in range(dep.prfaas.instances):
             iid = f"prfaas-prefill-{i}"
-            out.append(SimInstance(iid, "prfaas", "prefill", False, prefill(iid, "prfaas", hw), None))
+            pre_i = prefill(iid, "prfaas", hw)
+            out.append(SimInstance(iid, "prfaas", "prefill", False, pre_i, None))
     hw = dep.local.hardware
     pre = [f"local-prefill-{i}" for i in range(inp.n_prefill)]
     dec = [f"local-decode-{i}" for i in range(inp.n_decode)]
     if not switchable:
-        out += [SimInstance(i, "local", "prefill", False, prefill(i, "local", hw), None) for i in pre]
+        out += [
+            SimInstance(i, "local", "prefill", False, prefill(i, "local", hw), None) for i in pre
+        ]
         out += [SimInstance(i, "local", "decode", False, None, decode(i)) for i in dec]
     else:  # every local PD instance can take either role (services/pd.py)
-        for iid, role in [(i, "decode") for i in dec] + [(i, "prefill") for i in pre]:
+        roles: list[tuple[str, Role]] = [(i, "decode") for i in dec] + [(i, "prefill") for i in pre]
+        for iid, role in roles:
             out.append(
-                SimInstance(iid, "local", role, True, prefill(iid, "local", hw), decode(iid))  # type: ignore[arg-type]
+                SimInstance(iid, "local", role, True, prefill(iid, "local", hw), decode(iid))
             )
     return out
 

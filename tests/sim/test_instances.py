@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from testbed.engine.emulated import wire_layer_bytes
 from testbed.profiles import MODELS
 from testbed.sim.dispatch import wire_kv_bytes
-from testbed.engine.emulated import wire_layer_bytes
 from testbed.sim.instances import PrefillJob, SimDecode, SimPrefill, Slot
 from testbed.sim.loop import VirtualLoop, run_virtual
 
@@ -36,7 +36,8 @@ def test_decode_times_tokens_by_the_batch_without_a_timer_per_token() -> None:
 
         loop.call_at = counting  # type: ignore[method-assign]
         dec.admit(Slot(1000, lambda f, last: out.__setitem__("a", (f, last))))
-        loop.call_at(0.1001, lambda: dec.admit(Slot(10, lambda f, last: out.__setitem__("b", (f, last)))))
+        late = Slot(10, lambda f, last: out.__setitem__("b", (f, last)))
+        loop.call_at(0.1001, dec.admit, late)
         await asyncio.sleep(100)
         return out, timers
 

@@ -12,7 +12,9 @@ import yaml
 from testbed.cli import main
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.schema import load_scenario
-from testbed.scenario.sim_run import run_sim
+from testbed.scenario.sim_run import run_sim, sim_inputs
+from testbed.sim import simulate
+from testbed.sim.loop import VirtualLoop
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios"
@@ -71,16 +73,13 @@ def test_event_count_grows_with_requests_not_tokens(tmp_path: Path) -> None:
     """Ten times the output tokens, about the same number of timers per request."""
     sc = load_scenario(SCENARIOS / "paper.yaml")
     counts = []
+    original = VirtualLoop.call_at
     for out_tokens in (100, 1000):
         var = sc.model_copy(
             update={"workload": sc.workload.model_copy(update={"output_tokens": out_tokens})}
         )
         rp = prepare_run(var, RunOptions(substrate="sim", out_dir=tmp_path))
-        from testbed.scenario.sim_run import sim_inputs
-        from testbed.sim.loop import VirtualLoop
-
         calls = 0
-        original = VirtualLoop.call_at
 
         def counting(self: VirtualLoop, *a: object, **k: object) -> object:
             nonlocal calls
@@ -89,8 +88,6 @@ def test_event_count_grows_with_requests_not_tokens(tmp_path: Path) -> None:
 
         VirtualLoop.call_at = counting  # type: ignore[method-assign,assignment]
         try:
-            from testbed.sim import simulate
-
             simulate(sim_inputs(rp, RunOptions(substrate="sim", out_dir=tmp_path)))
         finally:
             VirtualLoop.call_at = original  # type: ignore[method-assign]
