@@ -81,7 +81,7 @@ def _run(args: argparse.Namespace) -> int:
             bar.refresh()
 
     try:
-        result = asyncio.run(run_scenario(rp, opts, progress, started))
+        result = asyncio.run(run_scenario(rp, opts, progress))
     finally:
         if bar is not None:
             bar.close()

@@ -447,13 +447,9 @@ class _Run:
 
 
 async def run_scenario(
-    rp: RunPlan,
-    opts: RunOptions,
-    on_progress: Callable[[int, int], None] | None = None,
-    started: float | None = None,
+    rp: RunPlan, opts: RunOptions, on_progress: Callable[[int, int], None] | None = None
 ) -> RunResult:
-    """Run one prepared scenario live and write its results to `opts.out_dir`. `started` is
-    the perf_counter reading when the command began (summary.json's `wall.total_s`)."""
+    """Run one prepared scenario live and write its results to `opts.out_dir`."""
     begun = time.perf_counter()
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     run = _Run(rp, opts)
@@ -485,16 +481,9 @@ async def run_scenario(
         records = [run.records[i] for i in run.submitted if i in run.records]
         write_jsonl_atomic(opts.out_dir / "history.jsonl", (e.to_json() for e in run.history))
         result = write_results(
-            rp,
-            opts,
-            run.submitted,
-            records,
-            run.history,
-            run.notes,
-            run.interrupted,
-            simulate_s=ran_s,
-            started=begun if started is None else started,
-        )
+            rp, opts, run.submitted, records, run.history, run.notes, run.interrupted,
+            simulate_s=ran_s, started=begun,
+        )  # fmt: skip
         result.signal = run.signal
         return result
     finally:

@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from testbed.clock import Clock
 from testbed.kvcache.manager import CacheLookup, CachePlan, KVCacheManager, plan_request
 from testbed.metrics.records import RequestRecord
 from testbed.policy.base import Policy, RequestView, Route
@@ -87,7 +88,9 @@ class SimRequest:
 
 
 class SimDispatcher:
-    """Every request of a simulated run, from arrival to its record."""
+    """Every request of a simulated run, from arrival to its record. `live` is the clock the
+    live router would run on (the scenario's time_scale): its wall-time constants (how long a
+    request waits for a route, for a decode to register) convert to real time through it."""
 
     def __init__(
         self,
@@ -96,7 +99,7 @@ class SimDispatcher:
         cache: KVCacheManager | None,
         control: ControlLoops | None,
         byte_scale: float,
-        time_scale: float,
+        live: Clock,
         on_record: Callable[[RequestRecord], None],
     ) -> None:
         self.cluster = cluster
@@ -108,9 +111,9 @@ class SimDispatcher:
         self.model = cluster.model
         self.n_layers = self.model.n_layers
         self.on_record = on_record
-        self.no_route_wait = NO_ROUTE_WAIT_S * time_scale
+        self.no_route_wait = live.real(NO_ROUTE_WAIT_S)
         self.no_route_poll = cluster.health_interval / 2
-        self.register_timeout = REGISTER_TIMEOUT_S * time_scale
+        self.register_timeout = live.real(REGISTER_TIMEOUT_S)
         self.in_flight: dict[str, SimRequest] = {}
         self._sizes: dict[int, int] = {}
 

@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from testbed.clock import Scale
+from testbed.clock import LiveClock, Scale
 from testbed.config import DeploymentConfig, LengthsConfig, LongTermConfig, ShortTermConfig
 from testbed.kvcache.manager import KVCacheManager, cluster_capacities
 from testbed.metrics.records import HistoryEvent, RequestRecord
@@ -119,7 +119,8 @@ async def _run(inp: SimInputs) -> SimOutput:
     loop = asyncio.get_running_loop()
     clock = VirtualClock(loop)
     dep = inp.deployment
-    k = inp.scale.time_scale
+    live = LiveClock.paced(inp.scale, epoch=0.0)
+    """The clock the live services would run on: converts their wall-time constants."""
     model = MODELS[dep.model]
     history: list[HistoryEvent] = []
     notes: list[str] = []
@@ -132,7 +133,7 @@ async def _run(inp: SimInputs) -> SimOutput:
     state = SchedulerState(clock, inp.threshold_tokens)
     scheduler_history(state, history)
     cluster = SimCluster(
-        loop, clock, instances, link, state, inp.scale, HEALTH_INTERVAL_S * k, model
+        loop, clock, instances, link, state, inp.scale, live.real(HEALTH_INTERVAL_S), model
     )
     policy_cls = get_policy(inp.policy)
     control: ControlLoops | None = None
@@ -161,7 +162,7 @@ async def _run(inp: SimInputs) -> SimOutput:
             done.set_result(None)
 
     dispatcher = SimDispatcher(
-        cluster, make_policy(inp.policy), cache, control, inp.scale.byte_scale, k, on_record
+        cluster, make_policy(inp.policy), cache, control, inp.scale.byte_scale, live, on_record
     )
     if inp.threshold_tokens is not None:
         history.append(HistoryEvent(0.0, "policy", {"threshold_tokens": inp.threshold_tokens}))
@@ -190,7 +191,7 @@ async def _run(inp: SimInputs) -> SimOutput:
         clock,
     )
     tasks = [
-        loop.create_task(_sample(cluster, history, SAMPLE_INTERVAL_S * k)),
+        loop.create_task(_sample(cluster, history, live.real(SAMPLE_INTERVAL_S))),
         loop.create_task(NemesisPlayer(ctx, inp.faults, history, clock).run()),
     ]
     if control is not None:
@@ -199,7 +200,7 @@ async def _run(inp: SimInputs) -> SimOutput:
             tasks.append(loop.create_task(control.run_long_term()))
     last = max((r.arrival for r in inp.requests), default=0.0)
     try:
-        await asyncio.wait_for(asyncio.shield(done), last + inp.drain_timeout_s * k)
+        await asyncio.wait_for(asyncio.shield(done), last + live.real(inp.drain_timeout_s))
     except TimeoutError:
         left = total - len(records)
         notes.append(
