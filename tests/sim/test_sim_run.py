@@ -56,9 +56,14 @@ def test_seed_reaches_the_plan_on_every_substrate() -> None:
     assert [r.arrival for r in base.requests] != [r.arrival for r in other.requests]
 
 
-def test_summary_says_sim_and_where_the_wall_time_went(tmp_path: Path) -> None:
+def test_summary_says_sim_and_where_the_wall_time_went(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     rc, out = _run(tmp_path, "paper")
     assert rc == 0
+    text = capsys.readouterr().out
+    assert "simulated in virtual time" in text and "time_scale" not in text
+    assert "s running" in text
     s = json.loads((out / "summary.json").read_text())
     assert s["substrate"] == "sim"
     wall = s["wall"]
