@@ -148,6 +148,11 @@ class SimLink:
         self._advance(now)
         return sum(f.produced(now) - f.sent for f in self.flows if f.sender == sender)
 
+    def carried(self) -> float:
+        """Real bytes the link has carried so far (what its samples report)."""
+        self._advance(self.loop.time())
+        return self.delivered
+
     def acked(self, sender: str) -> float:
         self._advance(self.loop.time())
         return self.acked_by.get(sender, 0.0)

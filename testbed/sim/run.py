@@ -119,8 +119,8 @@ async def _run(inp: SimInputs) -> SimOutput:
     loop = asyncio.get_running_loop()
     clock = VirtualClock(loop)
     dep = inp.deployment
+    # the clock the live services would run on: it converts their wall-time constants
     live = LiveClock.paced(inp.scale, epoch=0.0)
-    """The clock the live services would run on: converts their wall-time constants."""
     model = MODELS[dep.model]
     history: list[HistoryEvent] = []
     notes: list[str] = []
@@ -242,8 +242,7 @@ async def _sample(cluster: SimCluster, history: list[HistoryEvent], every: float
                 )
             )
         if link is not None:
-            link._advance(t)
-            total = link.delivered
+            total = link.carried()
             gbps = 0.0
             if last is not None and t > last[0]:
                 gbps = (total - last[1]) / (t - last[0]) * 8 / 1e9

@@ -66,6 +66,9 @@ def test_summary_says_sim_and_where_the_wall_time_went(
     assert "s running" in text
     s = json.loads((out / "summary.json").read_text())
     assert s["substrate"] == "sim"
+    assert s["link"]["mean_gbps"] > 0 and s["link"]["samples"] > 10  # sampled like live
+    assert set(s["routes"]) == {"local", "prfaas"}
+    assert s["queues"]  # queue depth samples per cluster/role
     wall = s["wall"]
     assert set(wall) == {"simulate_s", "results_s", "total_s"}
     assert 0 < wall["simulate_s"] <= wall["total_s"]
