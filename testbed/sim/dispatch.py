@@ -72,6 +72,10 @@ class Attempt:
     flow: Flow | None = None
     slot: Slot | None = None
     prefill_charged: bool = True
+    """The prefill's call has not answered yet (its KV is not acknowledged)."""
+    decode_charged: bool = True
+    decoded: bool = False
+    """Every token is out; the attempt ends once its prefill's call answers too."""
     over: bool = False
     timer: asyncio.TimerHandle | None = None
 
@@ -346,8 +350,10 @@ class SimDispatcher:
         dec.admit(att.slot)
 
     def _acked(self, att: Attempt) -> None:
-        if att.over or not att.prefill_charged:
-            return
+        """The prefill's call answers: its KV is acknowledged (the live router awaits this
+        before the decode's end, so a request ends only when both have)."""
+        if not att.prefill_charged:
+            return  # the attempt was abandoned
         rec = att.req.rec
         rec.transfer_end = self.loop.time()
         rec.kv_wire_bytes_sent = att.wire_bytes
@@ -355,6 +361,8 @@ class SimDispatcher:
         if self.cache is not None:
             self.cache.insert(att.prefill.cluster, att.req.spec.hash_ids, rec.input_tokens)
             self.cache.record_prefill(att.prefill.cluster, att.plan)
+        if att.decoded:
+            self._complete(att)
 
     def _release_prefill(self, att: Attempt) -> None:
         if att.prefill_charged:
@@ -364,17 +372,25 @@ class SimDispatcher:
     def _decoded(self, att: Attempt, first: float, last: float) -> None:
         if att.over:
             return
-        att.over = True
-        req = att.req
-        rec = req.rec
+        rec = att.req.rec
         if rec.first_token is None or rec.tokens_out == 0:
             rec.first_token = first
         rec.last_token = last
         rec.tokens_out = rec.output_tokens
-        self._release_prefill(att)  # (acked before; kept for a zero-delay link)
-        self.cluster.charge(None, 0, att.decode.id, rec.output_tokens, -1)
-        req.current = None
-        self._finish(req, None)
+        self._release_decode(att)
+        att.decoded = True
+        if not att.prefill_charged:
+            self._complete(att)
+
+    def _complete(self, att: Attempt) -> None:
+        att.over = True
+        att.req.current = None
+        self._finish(att.req, None)
+
+    def _release_decode(self, att: Attempt) -> None:
+        if att.decode_charged:
+            att.decode_charged = False
+            self.cluster.charge(None, 0, att.decode.id, att.req.rec.output_tokens, -1)
 
     # ------------------------------------------------------------------ failures
 
@@ -401,7 +417,7 @@ class SimDispatcher:
                 rec.tokens_out = max(rec.tokens_out, att.slot.generated)
             dec.cancel(att.slot)
         self._release_prefill(att)
-        self.cluster.charge(None, 0, att.decode.id, att.req.rec.output_tokens, -1)
+        self._release_decode(att)
 
     def _attempt_failed(
         self,
@@ -442,7 +458,7 @@ class SimDispatcher:
             att = req.current
             if att is None or att.over:
                 continue
-            if att.decode is inst:
+            if att.decode is inst and not att.decoded:
                 self._attempt_failed(att, f"decode on {inst.id} lost ({reason})", dead=inst.id)
             elif att.prefill is inst and att.prefill_charged:
                 self._attempt_failed(

@@ -136,3 +136,30 @@ def test_run_sim_returns_the_checked_result(tmp_path: Path) -> None:
     result = run_sim(prepare_run(sc, opts), opts)
     assert result.ok, [(c.name, c.detail) for c in result.checks]
     assert result.summary["retries"] > 0  # the killed decode's requests were retried
+
+
+def test_a_request_ends_when_both_its_decode_and_its_kv_acknowledgement_have(
+    tmp_path: Path,
+) -> None:
+    """One output token over a 4 s RTT: the last token comes before the prefill's KV is
+    acknowledged; the record still has the transfer's end and the bytes sent (as live, where
+    the router awaits the prefill's answer before the decode's end)."""
+    sc = load_scenario(SCENARIOS / "burst.yaml")
+    dep = sc.deployments["prfaas-pd"]
+    link = dep.link.model_copy(update={"rtt": 4.0, "jitter": 0.0})
+    sc = sc.model_copy(
+        update={
+            "deployments": {"prfaas-pd": dep.model_copy(update={"link": link})},
+            "workload": sc.workload.model_copy(update={"output_tokens": 1}),
+            "checkers": [],
+        }
+    )
+    opts = RunOptions(substrate="sim", out_dir=tmp_path, duration_s=60)
+    result = run_sim(prepare_run(sc, opts), opts)
+    assert result.ok, [(c.name, c.detail) for c in result.checks]
+    crossed = [r for r in result.records if r.cross_dc]
+    assert crossed
+    for r in crossed:
+        assert r.last_token is not None and r.transfer_end is not None
+        assert r.transfer_end > r.last_token  # acknowledged after the only token
+        assert r.kv_wire_bytes_sent == r.kv_wire_bytes_expected
