@@ -402,6 +402,11 @@ FLAGS: dict[str, Tests] = {
     "testbed run --substrate": (
         RUN_FLAGS,
         "tests/cli/test_cli_package.py::test_run_offers_the_substrates_make_substrate_knows",
+        "tests/sim/test_sim_run.py::test_summary_says_sim_and_where_the_wall_time_went",
+    ),
+    "testbed run --seed": (
+        "tests/sim/test_sim_run.py::test_seed_override_changes_the_run_and_is_recorded",
+        "tests/sim/test_sim_run.py::test_seed_reaches_the_plan_on_every_substrate",
     ),
     "testbed run --policy": RUN_FLAGS,
     "testbed run --trace": RUN_FLAGS,

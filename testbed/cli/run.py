@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,14 @@ from testbed.clock import LiveClock
 from testbed.errors import UserError
 from testbed.metrics.summary import to_text
 from testbed.scenario.library import LIBRARY_DIR, library_scenarios, resolve_scenario
-from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.plan import RunOptions, RunPlan, RunResult, prepare_run
 from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import load_scenario
 from testbed.substrate import SUBSTRATES
 from testbed.units import UnitError, parse_duration
+
+RUN_SUBSTRATES = (*SUBSTRATES, "sim")
+"""Where `testbed run` can run a scenario: a live substrate, or the simulator (testbed.sim)."""
 
 
 def _positive_duration(text: str) -> float:
@@ -35,8 +39,11 @@ def _positive_duration(text: str) -> float:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.substrate not in SUBSTRATES:
-        raise UserError(f"substrate {args.substrate!r} is not available; use 'local' or 'compose'")
+    started = time.perf_counter()
+    if args.substrate not in RUN_SUBSTRATES:
+        raise UserError(
+            f"substrate {args.substrate!r} is not available; use one of {', '.join(RUN_SUBSTRATES)}"
+        )
     scenario = load_scenario(resolve_scenario(args.scenario))
     out = Path(args.out) if args.out else Path("results") / scenario.name
     opts = RunOptions(
@@ -47,8 +54,11 @@ def _run(args: argparse.Namespace) -> int:
         out_dir=out,
         progress=not args.quiet,
         shaper=args.shaper,
+        seed=args.seed,
     )
     rp = prepare_run(scenario, opts)
+    if opts.substrate == "sim":
+        return _simulate(rp, opts, started)
     clock = LiveClock.paced(scenario.scale)
     wall = clock.wall(rp.duration_s)
     rate = f"{rp.rate_rps:.2f} req/s" if rp.rate_rps else "trace timing"
@@ -70,11 +80,30 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         if display is not None:
             display.close()
+    return _report(result)
+
+
+def _simulate(rp: RunPlan, opts: RunOptions, started: float) -> int:
+    """`--substrate sim`: the scenario in virtual time (testbed.sim), same results."""
+    from testbed.scenario.sim_run import run_sim
+
+    sc = rp.scenario
+    print(
+        f"testbed: {sc.name}: {rp.policy} on {rp.deployment_name} "
+        f"({(rp.deployment.prfaas.instances if rp.deployment.prfaas else 0)} PrfaaS + "
+        f"{rp.n_prefill} PD-P + {rp.n_decode} PD-D); {len(rp.requests)} requests over "
+        f"{rp.duration_s:.0f}s real-world, simulated (seed {sc.seed})",
+        file=sys.stderr,
+    )
+    return _report(run_sim(rp, opts, started))
+
+
+def _report(result: RunResult) -> int:
     print(to_text(result.summary))
     for check in result.checks:
         shown = {"ok": "ok", "failed": "FAILED", "vacuous": "VACUOUS"}[check.verdict]
         print(f"check {check.name}: {shown} - {check.detail}")
-    print(f"results: {out}/ (requests.jsonl, summary.json, report.md, timeline.png)")
+    print(f"results: {result.out_dir}/ (requests.jsonl, summary.json, report.md, timeline.png)")
     return result.exit_code
 
 
@@ -96,7 +125,18 @@ def add_parser(sub: Any) -> None:
         "requests.jsonl, history.jsonl, summary.json, report.md and timeline.png.",
     )
     p.add_argument("scenario", help="scenario YAML file, or a library name (`testbed scenarios`)")
-    p.add_argument("--substrate", default="local", choices=list(SUBSTRATES))
+    p.add_argument(
+        "--substrate",
+        default="local",
+        choices=list(RUN_SUBSTRATES),
+        help="where to run: local processes, compose containers, or sim (virtual time)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        metavar="N",
+        help="replace the scenario's seed (workload, fault targets, link jitter)",
+    )
     p.add_argument("--policy", help="routing policy (default: the scenario's)")
     p.add_argument("--trace", help="Mooncake JSONL trace to replay")
     p.add_argument(

@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("metrics", "checkers", "nemesis"),
     ("engine", "link", "scheduler"),
     ("services",),
-    ("substrate",),
+    ("substrate", "sim"),
     ("scenario", "verify"),
     ("cli",),
 )

@@ -358,6 +358,14 @@ def to_text(summary: dict[str, Any]) -> str:
         f"peak {_fmt(link['peak_gbps'], ' Gbps')}"
         + (f"; shaper {link['shaper']}" if link.get("shaper") else ""),
         *_cache_text(summary),
-        f"(real-world units; time_scale {scale['time']:g}, byte_scale {scale['bytes']:g})",
+        f"(real-world units; simulated in virtual time, byte_scale {scale['bytes']:g})"
+        if summary.get("substrate") == "sim"
+        else f"(real-world units; time_scale {scale['time']:g}, byte_scale {scale['bytes']:g})",
     ]
+    wall = summary.get("wall")
+    if wall and wall.get("simulate_s") is not None:
+        lines.append(
+            f"wall: {wall['simulate_s']:.2f}s running, {wall['results_s']:.2f}s results, "
+            f"{wall['total_s']:.2f}s in all"
+        )
     return "\n".join(lines)

@@ -29,6 +29,7 @@ from testbed.nemesis import (
 from testbed.planner import StagePlan, plan_deployment, plan_inputs
 from testbed.policy import POLICIES, get_policy
 from testbed.scenario.schema import Scenario
+from testbed.sim import refuse_unmodelled
 from testbed.substrate.shaper import preflight_shaper
 from testbed.workload.build import length_distribution
 from testbed.workload.generate import RequestSpec, generate_requests
@@ -48,6 +49,8 @@ class RunOptions:
     """Wall seconds to wait for in-flight requests after the last arrival."""
     shaper: str | None = None
     """`testbed run --shaper`: overrides the deployment's `link.shaper` ("emulator", "tc")."""
+    seed: int | None = None
+    """Replaces the scenario's seed (workload, fault targets, link jitter), on every substrate."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,8 @@ def _pick_deployment(scenario: Scenario, policy: str) -> tuple[str, DeploymentCo
 
 def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
     """Decide the policy, deployment, threshold, PD split, arrival rate and requests."""
+    if opts.seed is not None:
+        scenario = scenario.model_copy(update={"seed": opts.seed})
     policy = opts.policy or scenario.policy.name
     get_policy(policy)  # an unknown name, or a plugin that cannot load: one line, now
     if opts.substrate == "compose" and POLICIES.is_plugin(policy):
@@ -164,6 +169,8 @@ def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
                 f"--shaper {opts.shaper}: deployment {name!r} has no cross-datacenter link"
             )
         dep = dep.model_copy(update={"link": dep.link.model_copy(update={"shaper": opts.shaper})})
+    if opts.substrate == "sim":
+        refuse_unmodelled(name, dep)
     t_cfg = scenario.policy.threshold
     # A fixed threshold is the operating point the run has: plan the PD split and lambda_max
     # (what `load` is a fraction of) for it, not for the threshold the search would pick.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,14 @@ def write_results(
     history: list[HistoryEvent],
     notes: list[str],
     interrupted: bool,
+    *,
+    simulate_s: float | None = None,
+    started: float | None = None,
 ) -> RunResult:
+    """Write every result file; `summary.wall` says where the wall time went: running the
+    deployment (`simulate_s`, live or simulated), these results (`results_s`) and the whole
+    command from `started` (a time.perf_counter reading) to the last file."""
+    began = time.perf_counter()
     out: Path = opts.out_dir
     sc = rp.scenario
     write_jsonl(out / "requests.jsonl", (r.to_json() for r in records))
@@ -77,7 +85,6 @@ def write_results(
     )
     summary["link"]["shaper"] = rp.deployment.link.shaper if rp.deployment.prfaas else None
     summary["checks"] = [c.to_json() for c in checks]
-    atomic_write(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     write_timeline(
         out / "timeline.png",
         records,
@@ -85,5 +92,12 @@ def write_results(
         title=f"{sc.name} ({rp.policy})",
         ttft_slo_s=sc.slo.ttft,
     )
+    end = time.perf_counter()
+    summary["wall"] = {
+        "simulate_s": simulate_s,
+        "results_s": end - began,
+        "total_s": end - started if started is not None else None,
+    }
+    atomic_write(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     write_report(out, sc.name, summary, checks, notes)
     return RunResult(out, records, history, summary, checks, interrupted, notes)

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import json
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -443,6 +444,7 @@ async def run_scenario(
     rp: RunPlan, opts: RunOptions, on_progress: Callable[[Progress], None] | None = None
 ) -> RunResult:
     """Run one prepared scenario live and write its results to `opts.out_dir`."""
+    begun = time.perf_counter()
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     run = _Run(rp, opts)
     run.journal_to(opts.out_dir)
@@ -474,11 +476,13 @@ async def run_scenario(
             await run.shutdown()
         report(dataclasses.replace(run.progress(), phase="results"))
         run.close_journals()
+        ran_s = time.perf_counter() - begun
         records = [run.records[i] for i in run.submitted if i in run.records]
         write_jsonl_atomic(opts.out_dir / "history.jsonl", (e.to_json() for e in run.history))
         result = write_results(
-            rp, opts, run.submitted, records, run.history, run.notes, run.interrupted
-        )
+            rp, opts, run.submitted, records, run.history, run.notes, run.interrupted,
+            simulate_s=ran_s, started=begun,
+        )  # fmt: skip
         result.signal = run.signal
         return result
     finally:

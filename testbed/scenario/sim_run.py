@@ -1,0 +1,71 @@
+"""Run a prepared scenario on the `sim` substrate (testbed.sim) and write its results with the
+same pipeline as a live run (testbed.scenario.results): requests.jsonl, history.jsonl,
+summary.json (with `substrate: sim` and the wall timings), report.md, timeline.png.
+"""
+
+from __future__ import annotations
+
+import time
+
+from testbed.clock import Scale
+from testbed.metrics.files import write_jsonl_atomic
+from testbed.scenario.plan import RunOptions, RunPlan, RunResult
+from testbed.scenario.results import write_results
+from testbed.sim import SimInputs, simulate
+
+__all__ = ["run_sim", "sim_inputs"]
+
+
+def sim_inputs(rp: RunPlan, opts: RunOptions) -> SimInputs:
+    """The parts of a run plan the sim reads."""
+    sc = rp.scenario
+    shift = sc.workload.shift
+    return SimInputs(
+        deployment=rp.deployment,
+        policy=rp.policy,
+        threshold_tokens=rp.threshold_tokens,
+        n_prefill=rp.n_prefill,
+        n_decode=rp.n_decode,
+        requests=rp.requests,
+        faults=rp.faults,
+        seed=sc.seed,
+        scale=Scale.of(sc.scale),
+        tpot_slo_s=sc.slo.tpot,
+        lengths=sc.workload.lengths,
+        output_tokens=sc.workload.output_tokens,
+        threshold_step=sc.planner.threshold_step,
+        short_term=sc.policy.short_term,
+        long_term=sc.policy.long_term,
+        drain_timeout_s=opts.drain_timeout_s,
+        plan_event={
+            "lambda_max_rps": rp.plan.lambda_max_rps,
+            "n_prefill": rp.n_prefill,
+            "n_decode": rp.n_decode,
+            "shift_at": shift.at if shift is not None else None,
+            "shift_lambda_max_rps": rp.shift_plan.lambda_max_rps if rp.shift_plan else None,
+            "shift_n_prefill": rp.shift_plan.n_prefill if rp.shift_plan else None,
+        },
+    )
+
+
+def run_sim(rp: RunPlan, opts: RunOptions, started: float | None = None) -> RunResult:
+    """Simulate one prepared scenario and write its results to `opts.out_dir`.
+
+    `started` is the perf_counter reading when the command began (for `wall.total_s`)."""
+    begun = time.perf_counter() if started is None else started
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    out = simulate(sim_inputs(rp, opts))
+    simulate_s = time.perf_counter() - t0
+    write_jsonl_atomic(opts.out_dir / "history.jsonl", (e.to_json() for e in out.history))
+    return write_results(
+        rp,
+        opts,
+        out.submitted,
+        out.records,
+        out.history,
+        out.notes,
+        False,
+        simulate_s=simulate_s,
+        started=begun,
+    )

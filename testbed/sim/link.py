@@ -1,0 +1,311 @@
+"""The cross-datacenter link on the sim: transfers as flows sharing its bandwidth.
+
+Every KV transfer (and prefix pull) that crosses the link is a flow of real-world bytes. At any
+instant the link's capacity is split max-min fairly among the active flows: a flow that cannot
+use its fair share (a layer-wise transfer that has caught up with the prefill producing its KV
+is capped at the production rate, S_kv / T_prefill) leaves the rest to the others. Rates change
+only when a flow starts, catches up with its producer, its producer finishes, it completes, or
+the link changes (a bandwidth fault, a partition, a heal), so the link computes when the next of
+those happens and sets one timer: events grow with transfers, not with bytes or frames.
+
+A flow's last byte reaches the decode instance one-way delay later (RTT/2 of the link plus any
+latency fault, plus a uniform draw in +-jitter from the run's seed), and its acknowledgement
+reaches the sender the same delay after that.
+
+Faults, as the link emulator's toxics would act on the transfers (docs/sim.md):
+- partition `disable`: active flows fail at once (connections reset), new ones fail at start
+  (the receiver is unreachable); `timeout`: data is black-holed, flows stall and each fails
+  after `timeout` of no progress (never, if 0); the heal lets stalled flows continue;
+- reset_peer: a flow picked with probability `toxicity` loses its connection `timeout` after
+  data starts and resumes after that delay from what was acknowledged; the sender gives up
+  after its retries (3 resets) and the transfer fails;
+- slow_close: transfers keep their connections open, so nothing changes for them (recorded);
+- latency: adds RTT/2 each way and widens the jitter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Flow", "SimLink"]
+
+SENDER_RETRIES = 2
+"""Reconnects a transfer survives (transfer.sender's pooled senders use max_retries=2)."""
+_EPS = 1e-9
+
+
+@dataclass(eq=False)
+class Flow:
+    """One transfer across the link, in real-world bytes."""
+
+    size: float
+    on_done: Callable[[float], None]
+    """Called with the time the last byte reaches the receiver."""
+    on_fail: Callable[[str], None]
+    producer_rate: float = math.inf
+    """Bytes/s its producer emits while `producing` (a prefill); inf when all is there."""
+    produce_until: float = 0.0
+    sent: float = 0.0
+    produced0: float = 0.0
+    produced_t: float = 0.0
+    rate: float = 0.0
+    capped: bool = True
+    """Caught up with the producer: runs at most at the producer's rate."""
+    resets: int = 0
+    stalled_since: float | None = None
+    blocked_until: float = 0.0
+    sender: str = ""
+    done: bool = False
+    tags: dict[str, Any] = field(default_factory=dict)
+
+    def produced(self, t: float) -> float:
+        if self.producer_rate == math.inf or t >= self.produce_until:
+            return self.size
+        return min(self.size, self.produced0 + self.producer_rate * (t - self.produced_t))
+
+
+class SimLink:
+    """The link's flows, capacity and faults (see the module docstring)."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        bandwidth: float,
+        rtt: float,
+        jitter: float,
+        seed: int,
+    ) -> None:
+        self.loop = loop
+        self.capacity = bandwidth
+        """Real bytes/s in force (a bandwidth fault changes it)."""
+        self.rtt = rtt
+        self.jitter = jitter
+        self.extra_rtt = 0.0
+        self.extra_jitter = 0.0
+        self.rng = random.Random(seed)
+        self.flows: list[Flow] = []
+        self.t = 0.0
+        self.delivered = 0.0
+        """Real bytes carried so far (cumulative, what the link samples report)."""
+        self.acked_by: dict[str, float] = {}
+        """Bytes delivered per sender instance (its KV sender's acknowledged counter)."""
+        self.partition: str | None = None
+        """None, "disable" or "timeout" while a partition lasts."""
+        self.partition_timeout = 0.0
+        self.reset_toxicity = 0.0
+        self.reset_after = 0.0
+        self.resetting = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------------ delays
+
+    def one_way(self) -> float:
+        """One crossing of the link: RTT/2 plus a jitter draw (seeded)."""
+        base = (self.rtt + self.extra_rtt) / 2
+        j = self.jitter + self.extra_jitter
+        if j > 0:
+            base += self.rng.uniform(-j, j)
+        return max(base, 0.0)
+
+    # ------------------------------------------------------------------ flows
+
+    def start(self, flow: Flow, duration: float = 0.0) -> None:
+        """Start a flow now; its producer emits `size` evenly over `duration` (0: all there)."""
+        now = self.loop.time()
+        self._advance(now)
+        if self.partition == "disable":
+            flow.done = True
+            flow.on_fail("kv transfer: receiver unreachable (link partitioned)")
+            return
+        flow.produced_t = now
+        if duration > 0:
+            flow.producer_rate = flow.size / duration
+            flow.produce_until = now + duration
+        if self.resetting and self.rng.random() < self.reset_toxicity:
+            flow.tags["reset_at"] = now + self.reset_after
+        self.flows.append(flow)
+        self._reschedule(now)
+
+    def cancel(self, flow: Flow) -> None:
+        if flow.done:
+            return
+        now = self.loop.time()
+        self._advance(now)
+        flow.done = True
+        if flow in self.flows:
+            self.flows.remove(flow)
+        self._reschedule(now)
+
+    def in_queue(self, sender: str) -> float:
+        """Bytes of `sender`'s active flows produced and not yet delivered (its KV sender's
+        in-flight plus queued bytes)."""
+        now = self.loop.time()
+        self._advance(now)
+        return sum(f.produced(now) - f.sent for f in self.flows if f.sender == sender)
+
+    def carried(self) -> float:
+        """Real bytes the link has carried so far (what its samples report)."""
+        self._advance(self.loop.time())
+        return self.delivered
+
+    def acked(self, sender: str) -> float:
+        self._advance(self.loop.time())
+        return self.acked_by.get(sender, 0.0)
+
+    # ------------------------------------------------------------------ faults
+
+    def set_bandwidth(self, bytes_per_s: float) -> None:
+        now = self.loop.time()
+        self._advance(now)
+        self.capacity = bytes_per_s
+        self._reschedule(now)
+
+    def cut(self, mode: str, timeout: float) -> int:
+        """A partition starts; returns how many transfers it broke at once."""
+        now = self.loop.time()
+        self._advance(now)
+        self.partition, self.partition_timeout = mode, timeout
+        broken = 0
+        if mode == "disable":
+            for f in list(self.flows):
+                self._fail(f, "kv transfer: connection reset (link partitioned)")
+                broken += 1
+        self._reschedule(now)
+        return broken
+
+    def heal(self) -> None:
+        now = self.loop.time()
+        self._advance(now)
+        self.partition = None
+        for f in self.flows:
+            f.stalled_since = None
+        self._reschedule(now)
+
+    def set_resets(self, toxicity: float, after: float, on: bool) -> None:
+        now = self.loop.time()
+        self._advance(now)
+        self.resetting, self.reset_toxicity, self.reset_after = on, toxicity, after
+        if on:
+            for f in self.flows:
+                if self.rng.random() < toxicity:
+                    f.tags["reset_at"] = now + after
+        else:
+            for f in self.flows:
+                f.tags.pop("reset_at", None)
+        self._reschedule(now)
+
+    # ------------------------------------------------------------------ the fluid model
+
+    def _fail(self, flow: Flow, reason: str) -> None:
+        flow.done = True
+        if flow in self.flows:
+            self.flows.remove(flow)
+        flow.on_fail(reason)
+
+    def _advance(self, now: float) -> None:
+        dt = now - self.t
+        if dt > 0:
+            for f in self.flows:
+                if f.rate > 0:
+                    moved = min(f.rate * dt, f.size - f.sent)
+                    f.sent += moved
+                    self.delivered += moved
+                    self.acked_by[f.sender] = self.acked_by.get(f.sender, 0.0) + moved
+        self.t = now
+
+    def _active(self, f: Flow, now: float) -> bool:
+        return self.partition is None and f.blocked_until <= now
+
+    def _allocate(self, now: float) -> None:
+        """Max-min fair shares: flows capped at their producer's rate take that, the rest
+        share what is left equally (water-filling)."""
+        live = [f for f in self.flows if self._active(f, now)]
+        for f in self.flows:
+            f.rate = 0.0
+        left, n = self.capacity, len(live)
+        capped = sorted(
+            (f for f in live if f.capped and now < f.produce_until),
+            key=lambda f: f.producer_rate,
+        )
+        free = [f for f in live if not (f.capped and now < f.produce_until)]
+        for f in capped:
+            share = left / n
+            if f.producer_rate <= share:
+                f.rate = f.producer_rate
+                left -= f.rate
+                n -= 1
+            else:  # the link is the bottleneck: it falls behind its producer
+                f.capped = False
+                free.append(f)
+        if free:
+            share = left / len(free)
+            for f in free:
+                f.rate = share
+
+    def _reschedule(self, now: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        # flows that finished, fell into a reset or timed out in a black hole
+        for f in list(self.flows):
+            if f.sent >= f.size - _EPS * max(f.size, 1.0) and f.produced(now) >= f.size:
+                f.done = True
+                self.flows.remove(f)
+                f.on_done(now + self.one_way())
+                continue
+            reset_at = f.tags.get("reset_at")
+            if reset_at is not None and reset_at <= now + _EPS:
+                f.resets += 1
+                if f.resets > SENDER_RETRIES:
+                    self._fail(f, "kv transfer: connection reset by peer (retries exhausted)")
+                    continue
+                f.blocked_until = now + self.reset_after
+                f.tags["reset_at"] = (
+                    now + 2 * self.reset_after
+                    if self.resetting and self.rng.random() < self.reset_toxicity
+                    else None
+                )
+            if self.partition == "timeout":
+                if f.stalled_since is None:
+                    f.stalled_since = now
+                elif self.partition_timeout > 0 and now - f.stalled_since >= self.partition_timeout:
+                    self._fail(f, "kv transfer: connection timed out (link black-holed)")
+        if not self.flows:
+            return
+        self._allocate(now)
+        nxt = math.inf
+        for f in self.flows:
+            if f.rate > 0:
+                produced = f.produced(now)
+                if f.capped or f.producer_rate == math.inf or now >= f.produce_until:
+                    nxt = min(nxt, now + (f.size - f.sent) / f.rate)
+                else:  # behind its producer: catches up, or finishes after it stops
+                    gap = produced - f.sent
+                    if f.rate > f.producer_rate:
+                        nxt = min(nxt, now + gap / (f.rate - f.producer_rate))
+                    nxt = min(nxt, now + (f.size - f.sent) / f.rate)
+            if now < f.produce_until:
+                nxt = min(nxt, f.produce_until)
+            if f.blocked_until > now:
+                nxt = min(nxt, f.blocked_until)
+            reset_at = f.tags.get("reset_at")
+            if reset_at is not None:
+                nxt = min(nxt, reset_at)
+            if f.stalled_since is not None and self.partition_timeout > 0:
+                nxt = min(nxt, f.stalled_since + self.partition_timeout)
+        if nxt < math.inf:  # never at `now` again: a rounding residue must not spin
+            self._timer = self.loop.call_at(max(nxt, now + 1e-6), self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        now = self.loop.time()
+        self._advance(now)
+        for f in self.flows:  # a flow that reached what its producer made runs with it again
+            if not f.capped and f.sent >= f.produced(now) - _EPS * max(f.size, 1.0):
+                f.capped = True
+        self._reschedule(now)

@@ -1,0 +1,191 @@
+"""Virtual time for the `sim` substrate: an asyncio event loop whose clock is a number that jumps
+to the next timer whenever nothing is ready, and the `Clock` that reads it.
+
+Why an event loop and not a bare event heap: the scheduler's control loops, the nemesis player
+and their controllers are ordinary asyncio code (`clock.sleep`, `asyncio.gather`,
+`asyncio.timeout`, `asyncio.to_thread`). On this loop they run unchanged, in virtual time, so
+the simulator shares them instead of copying them. Two things differ from a live loop:
+
+- `time()` is virtual: it only moves when the loop has nothing ready, and then straight to the
+  earliest timer (no waiting), so an hour of traffic takes as long as its events take to run;
+- `run_in_executor` (hence `asyncio.to_thread`) runs the function at once, on the loop's own
+  thread: a planner call then costs no virtual time and its result cannot depend on how fast a
+  thread happened to be, which keeps a run deterministic.
+
+The loop does no I/O: its selector only accepts the registration of the loop's own self-pipe.
+A run that waits on something with no timer behind it can never continue; the loop says so
+(`SimulationStalled`) instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import selectors
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, TypeVar
+
+__all__ = ["SimulationStalled", "VirtualClock", "VirtualLoop", "run_virtual"]
+
+T = TypeVar("T")
+
+
+class SimulationStalled(RuntimeError):
+    """Nothing is ready and no timer is set: the simulated run can never make progress."""
+
+
+class _VirtualSelector(selectors.BaseSelector):
+    """Accepts registrations (the loop's self-pipe) and never reports an fd ready; a wait of
+    `timeout` seconds moves the loop's virtual time to its next timer instead of sleeping."""
+
+    def __init__(self) -> None:
+        self._map: dict[int, selectors.SelectorKey] = {}
+        self.loop: VirtualLoop | None = None
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
+        key = selectors.SelectorKey(fileobj, fd, events, data)
+        self._map[fd] = key
+        return key
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
+        return self._map.pop(fd)
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout is not None and timeout <= 0:
+            return []
+        loop = self.loop
+        assert loop is not None
+        if timeout is None:
+            raise SimulationStalled("nothing is ready and no timer is set")
+        loop.advance_to_next_timer()
+        return []
+
+    def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
+        return self._map
+
+    def close(self) -> None:
+        self._map.clear()
+
+
+class _Timer(asyncio.TimerHandle):
+    """A timer ordered by (time, order set): timers due at the same instant run first in,
+    first out, as a reader of the models expects (heapq alone would not keep that order)."""
+
+    __slots__ = ("_seq",)
+
+    def __init__(self, when: float, seq: int, callback: Callable[..., object], args: Any,
+                 loop: asyncio.AbstractEventLoop, context: Any) -> None:  # fmt: skip
+        super().__init__(when, callback, args, loop, context)
+        self._seq = seq
+
+    def __lt__(self, other: object) -> bool:
+        if isinstance(other, _Timer):
+            return (self._when, self._seq) < (other._when, other._seq)  # type: ignore[attr-defined]
+        return NotImplemented
+
+
+class VirtualLoop(asyncio.SelectorEventLoop):
+    """An asyncio loop in virtual time (see the module docstring); time starts at 0."""
+
+    def __init__(self) -> None:
+        selector = _VirtualSelector()
+        self._vt = 0.0
+        self._seq = itertools.count()
+        super().__init__(selector)
+        selector.loop = self
+        self._clock_resolution = 1e-6
+        """Timers within a virtual microsecond run together (the loop pops every timer due
+        before now + resolution, and the resolution must exceed the float spacing at any
+        virtual time a run reaches)."""
+
+    def time(self) -> float:
+        return self._vt
+
+    def call_at(  # type: ignore[override]
+        self, when: float, callback: Callable[..., object], *args: Any, context: Any = None
+    ) -> asyncio.TimerHandle:
+        """BaseEventLoop.call_at with FIFO order among timers due at the same time."""
+        self._check_closed()  # type: ignore[attr-defined]
+        timer = _Timer(when, next(self._seq), callback, args, self, context)
+        heapq.heappush(self._scheduled, timer)  # type: ignore[attr-defined]
+        timer._scheduled = True  # type: ignore[attr-defined]
+        return timer
+
+    def advance_to_next_timer(self) -> None:
+        """Jump to the earliest timer (the loop pops cancelled ones off the head first)."""
+        scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
+        if scheduled:
+            when = scheduled[0].when()
+            if when > self._vt:
+                self._vt = when
+
+    def run_in_executor(  # type: ignore[override]
+        self, executor: Any, func: Callable[..., T], *args: Any
+    ) -> asyncio.Future[T]:
+        """Run `func` now, on this thread: no virtual time passes and nothing races."""
+        fut: asyncio.Future[T] = self.create_future()
+        try:
+            fut.set_result(func(*args))
+        except BaseException as exc:
+            fut.set_exception(exc)
+        return fut
+
+
+class VirtualClock:
+    """The `testbed.clock.Clock` of a simulated run: real-world seconds are the loop's virtual
+    seconds, and there is no wall time to convert to (time_scale 1: a duration "in wall time"
+    is the same virtual duration, which is what faults and timeouts on the sim need)."""
+
+    __slots__ = ("_loop",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    @property
+    def time_scale(self) -> float:
+        return 1.0
+
+    def now(self) -> float:
+        return self._loop.time()
+
+    def at(self, mono: float) -> float:
+        return mono
+
+    def wall(self, real_s: float) -> float:
+        return real_s
+
+    def real(self, wall_s: float) -> float:
+        return wall_s
+
+    def wall_until(self, real_t: float) -> float:
+        return real_t - self._loop.time()
+
+    async def sleep(self, real_s: float) -> None:
+        await asyncio.sleep(max(0.0, real_s))
+
+    async def sleep_until(self, real_t: float) -> None:
+        delay = real_t - self._loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+def run_virtual(main: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion on a fresh virtual-time loop, then cancel what is left.
+
+    Not asyncio.Runner: its Ctrl-C plumbing formats the main task (with its result, every
+    record of the run) when it checks the SIGINT handler, which costs more than a small run."""
+    loop = VirtualLoop()
+    try:
+        task = loop.create_task(main)
+        return loop.run_until_complete(task)
+    finally:
+        left = asyncio.all_tasks(loop)
+        for t in left:
+            t.cancel()
+        if left:
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()

@@ -1,0 +1,304 @@
+"""One simulated run: build the modelled deployment, play the requests and the nemesis timeline
+in virtual time with the shared policy and scheduler loops, and hand back what a live run
+hands to the results pipeline (submitted ids, records, history, notes).
+
+What is decided before the run (policy, split, threshold, requests, faults) comes from the
+scenario's run plan (testbed.scenario.plan), exactly as for a live run; `SimInputs` carries the
+parts of it the sim reads, so this package stays below the scenario layer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from testbed.clock import LiveClock, Scale
+from testbed.config import DeploymentConfig, LengthsConfig, LongTermConfig, ShortTermConfig
+from testbed.kvcache.manager import KVCacheManager, cluster_capacities
+from testbed.metrics.records import HistoryEvent, RequestRecord
+from testbed.nemesis import NemesisPlayer, PlannedFault, stop_player
+from testbed.policy import get_policy, make_policy
+from testbed.profiles import MODELS
+from testbed.scheduler.cluster import Role
+from testbed.scheduler.loops import ControlLoops
+from testbed.scheduler.spec import SchedulerSpec
+from testbed.scheduler.state import SchedulerState
+from testbed.services.router.dispatch import HEALTH_INTERVAL_S
+from testbed.sim.cluster import SimCluster, SimInstance, scheduler_history
+from testbed.sim.dispatch import SimDispatcher
+from testbed.sim.instances import SimDecode, SimPrefill
+from testbed.sim.link import SimLink
+from testbed.sim.loop import VirtualClock, run_virtual
+from testbed.sim.nemesis import SimLinkControl, SimNemesis, SimProcesses
+from testbed.workload.generate import RequestSpec
+
+__all__ = ["SimInputs", "SimOutput", "refuse_unmodelled", "simulate"]
+
+SAMPLE_INTERVAL_S = 0.25
+"""Wall seconds between the live runner's queue and link samples; the sim samples as often in
+real-world time (x the scenario's time_scale), so both histories have the same density."""
+
+
+@dataclass
+class SimInputs:
+    """What the sim reads of a run plan (testbed.scenario.plan.RunPlan)."""
+
+    deployment: DeploymentConfig
+    policy: str
+    threshold_tokens: float | None
+    n_prefill: int
+    n_decode: int
+    requests: Sequence[RequestSpec]
+    faults: Sequence[PlannedFault]
+    seed: int
+    scale: Scale
+    """The scenario's scales: byte_scale sizes the records' wire bytes as live; time_scale
+    converts the live services' wall-clock constants (health polls, timeouts) to real time."""
+    tpot_slo_s: float
+    lengths: LengthsConfig
+    output_tokens: float
+    threshold_step: float
+    short_term: ShortTermConfig
+    long_term: LongTermConfig
+    drain_timeout_s: float
+    """Wall seconds a live run waits after the last arrival (x time_scale here)."""
+    plan_event: dict[str, object] = field(default_factory=dict)
+    """The "plan" history event the live runner writes at t=0."""
+
+
+@dataclass
+class SimOutput:
+    submitted: list[str]
+    records: list[RequestRecord]
+    history: list[HistoryEvent]
+    notes: list[str]
+    events: int = 0
+    """Timer callbacks the virtual loop ran (a measure of the sim's work)."""
+
+
+def _instances(inp: SimInputs, loop: asyncio.AbstractEventLoop) -> list[SimInstance]:
+    dep = inp.deployment
+    model = MODELS[dep.model]
+    dec_profile = model.decode[dep.local.hardware]
+    bs_max = dec_profile.bs_max(inp.tpot_slo_s)
+    switchable = get_policy(inp.policy).long_term and dep.prfaas is not None
+
+    def prefill(iid: str, cluster: str, hw: str) -> SimPrefill:
+        return SimPrefill(loop, iid, cluster, hw, model)
+
+    def decode(iid: str) -> SimDecode:
+        return SimDecode(loop, iid, dec_profile.step_time, bs_max)
+
+    out: list[SimInstance] = []
+    if dep.prfaas is not None:
+        hw = dep.prfaas.hardware
+        for i in range(dep.prfaas.instances):
+            iid = f"prfaas-prefill-{i}"
+            pre_i = prefill(iid, "prfaas", hw)
+            out.append(SimInstance(iid, "prfaas", "prefill", False, pre_i, None))
+    hw = dep.local.hardware
+    pre = [f"local-prefill-{i}" for i in range(inp.n_prefill)]
+    dec = [f"local-decode-{i}" for i in range(inp.n_decode)]
+    if not switchable:
+        out += [
+            SimInstance(i, "local", "prefill", False, prefill(i, "local", hw), None) for i in pre
+        ]
+        out += [SimInstance(i, "local", "decode", False, None, decode(i)) for i in dec]
+    else:  # every local PD instance can take either role (services/pd.py)
+        roles: list[tuple[str, Role]] = [(i, "decode") for i in dec] + [(i, "prefill") for i in pre]
+        for iid, role in roles:
+            out.append(
+                SimInstance(iid, "local", role, True, prefill(iid, "local", hw), decode(iid))
+            )
+    return out
+
+
+async def _run(inp: SimInputs) -> SimOutput:
+    loop = asyncio.get_running_loop()
+    clock = VirtualClock(loop)
+    dep = inp.deployment
+    # the clock the live services would run on: it converts their wall-time constants
+    live = LiveClock.paced(inp.scale, epoch=0.0)
+    model = MODELS[dep.model]
+    history: list[HistoryEvent] = []
+    notes: list[str] = []
+    link = (
+        SimLink(loop, dep.link.bandwidth, dep.link.rtt, dep.link.jitter, inp.seed)
+        if dep.prfaas is not None
+        else None
+    )
+    instances = _instances(inp, loop)
+    state = SchedulerState(clock, inp.threshold_tokens)
+    scheduler_history(state, history)
+    cluster = SimCluster(
+        loop, clock, instances, link, state, inp.scale, live.real(HEALTH_INTERVAL_S), model
+    )
+    policy_cls = get_policy(inp.policy)
+    control: ControlLoops | None = None
+    if policy_cls.replans:
+        switchable = policy_cls.long_term and dep.prfaas is not None
+        spec = SchedulerSpec(
+            deployment=dep,
+            lengths=inp.lengths,
+            output_tokens=inp.output_tokens,
+            tpot_slo_s=inp.tpot_slo_s,
+            threshold_step=inp.threshold_step,
+            n_prefill=inp.n_prefill,
+            short_term=inp.short_term,
+            long_term=inp.long_term if switchable else None,
+            n_local=dep.local.instances,
+        )
+        control = ControlLoops(spec, cluster, state, clock, inp.scale)
+    cache = KVCacheManager.for_model(model, cluster_capacities(dep))
+    records: dict[str, RequestRecord] = {}
+    done = loop.create_future()
+    total = len(inp.requests)
+
+    def on_record(rec: RequestRecord) -> None:
+        records[rec.id] = rec
+        if len(records) >= total and not done.done():
+            done.set_result(None)
+
+    dispatcher = SimDispatcher(
+        cluster, make_policy(inp.policy), cache, control, inp.scale.byte_scale, live, on_record
+    )
+    if inp.threshold_tokens is not None:
+        history.append(HistoryEvent(0.0, "policy", {"threshold_tokens": inp.threshold_tokens}))
+    history.append(HistoryEvent(0.0, "plan", dict(inp.plan_event)))
+    submitted: list[str] = []
+
+    arrivals = sorted(inp.requests, key=lambda r: r.arrival)  # stable: ties keep their order
+
+    def submit(i: int) -> None:
+        """Submit the arrivals due now, then set one timer for the next: the loop's timer heap
+        holds one arrival, not every request of the run."""
+        while i < len(arrivals) and arrivals[i].arrival <= loop.time():
+            spec = arrivals[i]
+            submitted.append(spec.id)
+            dispatcher.submit(spec)
+            i += 1
+        if i < len(arrivals):
+            loop.call_at(arrivals[i].arrival, submit, i)
+
+    if arrivals:
+        loop.call_at(arrivals[0].arrival, submit, 0)
+    proxies = [i.id for i in instances if i.decode is not None]
+    ctx = SimNemesis(
+        SimProcesses(cluster.instances, dispatcher.lost_instance),
+        SimLinkControl(link, [f"xdc-{p}" for p in proxies]) if link is not None else None,
+        clock,
+    )
+    tasks = [
+        loop.create_task(_sample(cluster, history, live.real(SAMPLE_INTERVAL_S))),
+        loop.create_task(NemesisPlayer(ctx, inp.faults, history, clock).run()),
+    ]
+    if control is not None:
+        tasks.append(loop.create_task(control.run_short_term()))
+        if control.long is not None:
+            tasks.append(loop.create_task(control.run_long_term()))
+    last = max((r.arrival for r in inp.requests), default=0.0)
+    try:
+        await asyncio.wait_for(asyncio.shield(done), last + live.real(inp.drain_timeout_s))
+    except TimeoutError:
+        left = total - len(records)
+        notes.append(
+            f"{left} requests unfinished after the {inp.drain_timeout_s:.0f}s drain timeout"
+        )
+        dispatcher.fail_all("not finished before drain timeout")
+    finally:
+        await stop_player(tasks[1])
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+    _engine_events(instances, history, loop.time())
+    history.sort(key=lambda e: e.t)
+    ordered = [records[i] for i in submitted if i in records]
+    return SimOutput(submitted, ordered, history, notes)
+
+
+async def _sample(cluster: SimCluster, history: list[HistoryEvent], every: float) -> None:
+    """Queue depths (the router's outstanding counts) and the link's bytes, as live."""
+    loop = cluster.loop
+    link = cluster.link
+    last: tuple[float, float] | None = None
+    scale = cluster.scale
+    while True:
+        t = loop.time()
+        for inst in cluster.instances.values():
+            history.append(
+                HistoryEvent(
+                    t,
+                    "queue",
+                    {
+                        "instance": inst.id,
+                        "cluster": inst.cluster,
+                        "role": inst.role,
+                        "depth": cluster.outstanding[inst.id],
+                    },
+                )
+            )
+        if link is not None:
+            total = link.carried()
+            gbps = 0.0
+            if last is not None and t > last[0]:
+                gbps = (total - last[1]) / (t - last[0]) * 8 / 1e9
+            last = (t, total)
+            history.append(
+                HistoryEvent(
+                    t,
+                    "link",
+                    {
+                        "wire_bytes": scale.wire_bytes(total),
+                        "gbps": gbps,
+                        "configured_gbps": link.capacity * 8 / 1e9,
+                    },
+                )
+            )
+        await asyncio.sleep(every)
+
+
+def _engine_events(instances: list[SimInstance], history: list[HistoryEvent], t: float) -> None:
+    """Each instance's engine statistics, as live (modelled time is exact: no lateness)."""
+    for inst in instances:
+        steps = sum(e.steps for e in inst.engines() if isinstance(e, SimDecode))
+        ops = sum(e.operations for e in inst.engines())
+        history.append(
+            HistoryEvent(
+                t,
+                "engine",
+                {
+                    "instance": inst.id,
+                    "steps": steps,
+                    "operations": ops,
+                    "lateness_mean_s": 0.0,
+                    "lateness_p99_s": 0.0,
+                    "timing_error": 0.0,
+                },
+            )
+        )
+
+
+def simulate(inp: SimInputs) -> SimOutput:
+    """Run one scenario's plan in virtual time (testbed.sim.loop)."""
+    return run_virtual(_run(inp))
+
+
+def refuse_unmodelled(name: str, dep: DeploymentConfig) -> None:
+    """One line, before anything runs, for what the sim does not model: a real model's engine
+    and kernel (tc) shaping of the link."""
+    from testbed.errors import UserError
+
+    if dep.engine == "torch":
+        raise UserError(
+            f"substrate sim: deployment {name!r} runs engine: torch, a real model the sim does "
+            "not run; use --substrate local"
+        )
+    if dep.prfaas is not None and dep.link.shaper == "tc":
+        raise UserError(
+            f"substrate sim: deployment {name!r} shapes its link with shaper: tc (the kernel), "
+            "which the sim does not model; use shaper: emulator or --substrate local"
+        )

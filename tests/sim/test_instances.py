@@ -1,0 +1,104 @@
+"""Prefill FIFO and analytic continuous-batching decode on the virtual loop."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from testbed.engine.emulated import wire_layer_bytes
+from testbed.profiles import MODELS
+from testbed.sim.dispatch import wire_kv_bytes
+from testbed.sim.instances import PrefillJob, SimDecode, SimPrefill, Slot
+from testbed.sim.loop import VirtualLoop, run_virtual
+
+MODEL = MODELS["internal-1t-hybrid"]
+
+
+def step(b: int) -> float:
+    return 0.015 + 0.0005 * b
+
+
+def test_decode_times_tokens_by_the_batch_without_a_timer_per_token() -> None:
+    async def main() -> tuple[dict[str, Any], int]:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, VirtualLoop)
+        dec = SimDecode(loop, "d", step, bs_max=20)
+        out: dict[str, Any] = {}
+        timers = 0
+        original = loop.call_at
+
+        def counting(*a: Any, **k: Any) -> asyncio.TimerHandle:
+            nonlocal timers
+            timers += 1
+            return original(*a, **k)
+
+        loop.call_at = counting  # type: ignore[method-assign]
+        dec.admit(Slot(1000, lambda f, last: out.__setitem__("a", (f, last))))
+        late = Slot(10, lambda f, last: out.__setitem__("b", (f, last)))
+        loop.call_at(0.1001, dec.admit, late)
+        await asyncio.sleep(100)
+        return out, timers
+
+    out, timers = run_virtual(main())
+    t1, t2 = step(1), step(2)
+    # b arrives mid-step: it joins at the next boundary of a's batch
+    joined = 7 * t1  # 0.1001 s falls in a's 7th step (0.0155 s each)
+    assert out["b"][0] == pytest.approx(joined + t2)  # first token after its first step
+    assert out["b"][1] == pytest.approx(joined + 10 * t2)
+    a_first, a_last = out["a"]
+    assert a_first == pytest.approx(t1)
+    # a: 7 steps alone, 10 with b, the rest alone again
+    assert a_last == pytest.approx(7 * t1 + 10 * t2 + (1000 - 17) * t1)
+    assert timers < 20  # 1,010 tokens, a handful of timers
+
+
+def test_decode_admits_at_most_bs_max_and_queues_the_rest() -> None:
+    async def main() -> list[tuple[float, float]]:
+        loop = asyncio.get_running_loop()
+        dec = SimDecode(loop, "d", step, bs_max=2)
+        done: list[tuple[float, float]] = []
+        for _ in range(3):
+            dec.admit(Slot(4, lambda f, last: done.append((f, last))))
+        await asyncio.sleep(10)
+        return done
+
+    done = run_virtual(main())
+    assert done[0][1] == pytest.approx(4 * step(2))
+    assert done[2][0] == pytest.approx(4 * step(2) + step(1))  # it waited for a slot
+
+
+def test_prefill_is_a_fifo_with_profile_times_and_pause_delays_it() -> None:
+    async def main() -> list[tuple[str, float]]:
+        loop = asyncio.get_running_loop()
+        pre = SimPrefill(loop, "p", "prfaas", "h200x8", MODEL)
+        log: list[tuple[str, float]] = []
+        for name, tokens in (("a", 10_000), ("b", 20_000)):
+            pre.submit(
+                PrefillJob(
+                    tokens,
+                    on_start=lambda t, d, n=name: log.append((f"{n} start", t)),
+                    on_end=lambda t, n=name: log.append((f"{n} end", t)),
+                    on_fail=lambda r: None,
+                )
+            )
+        loop.call_at(0.5, pre.pause)
+        loop.call_at(2.5, pre.resume)
+        await asyncio.sleep(100)
+        return log
+
+    log = dict(run_virtual(main()))
+    ta = MODEL.prefill_time("h200x8", 10_000)
+    tb = MODEL.prefill_time("h200x8", 20_000)
+    assert ta > 0.5
+    assert log["a end"] == pytest.approx(ta + 2.0)  # paused for 2 s mid-prefill
+    assert log["b start"] == pytest.approx(log["a end"])
+    assert log["b end"] == pytest.approx(log["a end"] + tb)
+
+
+@pytest.mark.parametrize("byte_scale", [1.0, 7.0, 1000.0, 2000.0])
+def test_kv_wire_bytes_in_closed_form_equal_the_engines_layer_sum(byte_scale: float) -> None:
+    for tokens in (1, 2, 127, 128, 1000, 10_301, 19_500, 44_917, 128_000):
+        want = sum(wire_layer_bytes(MODEL, tokens, byte_scale))
+        assert wire_kv_bytes(MODEL, tokens, byte_scale) == want, tokens

@@ -1,0 +1,112 @@
+"""The link as flows sharing its bandwidth: max-min fair shares, producer caps, faults."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from testbed.sim.link import Flow, SimLink
+from testbed.sim.loop import run_virtual
+
+GB = 1e9
+
+
+def _flow(done: dict[str, Any], name: str, size: float) -> Flow:
+    return Flow(
+        size,
+        on_done=lambda at: done.__setitem__(name, at),
+        on_fail=lambda why: done.__setitem__(name, why),
+        sender=name,
+    )
+
+
+def _run(script: Any) -> dict[str, Any]:
+    async def main() -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        done: dict[str, Any] = {}
+        link = SimLink(loop, bandwidth=1 * GB, rtt=0.0, jitter=0.0, seed=1)
+        await script(loop, link, done)
+        await asyncio.sleep(1000)
+        return done
+
+    return run_virtual(main())
+
+
+def test_two_flows_share_the_link_equally() -> None:
+    async def script(loop: Any, link: SimLink, done: dict[str, Any]) -> None:
+        link.start(_flow(done, "a", 1 * GB))
+        link.start(_flow(done, "b", 3 * GB))
+
+    done = _run(script)
+    # both at 0.5 GB/s until a finishes (2 s), then b alone: 2 GB left at 1 GB/s
+    assert done["a"] == pytest.approx(2.0)
+    assert done["b"] == pytest.approx(4.0)
+
+
+def test_a_flow_behind_a_slow_producer_leaves_the_rest_to_the_others() -> None:
+    async def script(loop: Any, link: SimLink, done: dict[str, Any]) -> None:
+        link.start(_flow(done, "slow", 1 * GB), duration=10.0)  # produced at 0.1 GB/s
+        link.start(_flow(done, "bulk", 1.8 * GB))
+
+    done = _run(script)
+    assert done["slow"] == pytest.approx(10.0)  # never faster than its prefill
+    assert done["bulk"] == pytest.approx(2.0)  # 0.9 GB/s: all the producer leaves
+
+
+def test_a_bandwidth_change_retimes_the_active_flows() -> None:
+    async def script(loop: Any, link: SimLink, done: dict[str, Any]) -> None:
+        link.start(_flow(done, "a", 2 * GB))
+        loop.call_at(1.0, link.set_bandwidth, 0.25 * GB)
+
+    done = _run(script)
+    assert done["a"] == pytest.approx(1.0 + 1 / 0.25)
+
+
+def test_rtt_delays_the_last_byte_by_half_a_round_trip() -> None:
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        link = SimLink(loop, bandwidth=1 * GB, rtt=0.2, jitter=0.0, seed=1)
+        done: dict[str, Any] = {}
+        link.start(_flow(done, "a", 1 * GB))
+        await asyncio.sleep(10)
+        return float(done["a"])
+
+    assert run_virtual(main()) == pytest.approx(1.1)
+
+
+def test_a_disabling_partition_breaks_transfers_and_refuses_new_ones() -> None:
+    async def script(loop: Any, link: SimLink, done: dict[str, Any]) -> None:
+        link.start(_flow(done, "a", 10 * GB))
+        loop.call_at(1.0, link.cut, "disable", 0.0)
+        loop.call_at(2.0, lambda: link.start(_flow(done, "b", 1 * GB)))
+        loop.call_at(3.0, link.heal)
+        loop.call_at(4.0, lambda: link.start(_flow(done, "c", 1 * GB)))
+
+    done = _run(script)
+    assert "reset" in done["a"]
+    assert "unreachable" in done["b"]
+    assert done["c"] == pytest.approx(5.0)  # healed: carried again
+
+
+def test_a_black_hole_stalls_flows_and_times_them_out() -> None:
+    async def script(loop: Any, link: SimLink, done: dict[str, Any]) -> None:
+        link.start(_flow(done, "short", 2 * GB))
+        loop.call_at(1.0, link.cut, "timeout", 5.0)
+        loop.call_at(3.0, link.heal)  # before the timeout: it goes on where it was
+        loop.call_at(10.0, lambda: link.start(_flow(done, "long", 1 * GB)))
+        loop.call_at(10.5, link.cut, "timeout", 5.0)  # never healed
+
+    done = _run(script)
+    assert done["short"] == pytest.approx(4.0)  # 1 s before, 2 s stalled, 1 s after
+    assert "timed out" in done["long"]
+
+
+def test_resets_exhaust_the_senders_retries() -> None:
+    async def script(loop: Any, link: SimLink, done: dict[str, Any]) -> None:
+        link.set_resets(1.0, 0.5, True)  # every connection reset 0.5 s after data starts
+        link.start(_flow(done, "a", 100 * GB))
+
+    done = _run(script)
+    assert "retries exhausted" in done["a"]
