@@ -117,6 +117,19 @@ class SimLinkControl:
     async def set_bandwidth(self, real_bytes_per_s: float, /) -> None:
         self.link.set_bandwidth(real_bytes_per_s)
 
+    async def partition(self) -> None:
+        """As the live LinkSetup: every proxy disabled (flows reset, new ones refused)."""
+        for name in self._proxies:
+            await self._client.disable(name)
+
+    async def heal(self) -> None:
+        for name in self._proxies:
+            await self._client.enable(name)
+
+    async def blackhole(self, on: bool, /) -> None:
+        """The kernel shaper's packet drop; the sim refuses `shaper: tc`, so nothing to do (the
+        `timeout` toxic black-holes the data, as with the emulator)."""
+
 
 class SimProcesses:
     """`nemesis.fault.Processes` over the modelled instances (handles are instance ids)."""
