@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 Tests = str | tuple[str, ...]
 
 PROF = "tests/profiles/test_profile_files.py::"
+SWEEP = "tests/scenario/test_sweep.py::"
+SWEEP_CLI = SWEEP + "test_cli_writes_the_table_and_plots"
 LIB_LIVE = "tests/chaos/test_library.py::test_scenario_passes_its_checkers"
 
 # Test modules the rows point into (most rows cite one of these).
@@ -380,6 +382,12 @@ VERIFY = CLI + "test_verify_model_flags"
 COMPOSE = CLI + "test_compose_command_flags"
 
 FLAGS: dict[str, Tests] = {
+    "testbed sweep --set": (SWEEP + "test_the_grid_is_the_product_of_the_axes", SWEEP_CLI),
+    "testbed sweep --out": SWEEP_CLI,
+    "testbed sweep --jobs": (SWEEP_CLI, SWEEP + "test_a_pool_gives_the_same_rows_as_one_process"),
+    "testbed sweep --no-saturation": SWEEP_CLI,
+    "testbed sweep --quiet": SWEEP_CLI,
+    "testbed sweep --ray": SWEEP + "test_ray_without_ray_or_cluster_is_one_line",
     "testbed --version": CLI + "test_version",
     "testbed profile fit --form": FIT_FLAGS,
     "testbed profile fit --json": FIT_FLAGS,

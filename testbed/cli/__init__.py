@@ -27,13 +27,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    from testbed.cli import link, plan, profile, run, verify
+    from testbed.cli import link, plan, profile, run, sweep, verify
 
     plan.add_parser(sub)
     run.add_parser(sub)
     link.add_parser(sub)
     verify.add_parser(sub)
     profile.add_parser(sub)
+    sweep.add_parser(sub)
     return parser
 
 

@@ -163,6 +163,12 @@ def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
             "only the testbed's own policies (docs/extending.md)"
         )
     name, dep = _pick_deployment(scenario, policy)
+    kind = get_policy(policy).deployment_kind
+    if dep.kind != kind:
+        raise UserError(
+            f"policy {policy!r} runs on a {kind} deployment; deployment {name!r} is {dep.kind} "
+            "(pick a policy for it, e.g. the deployment kind's own baseline)"
+        )
     if opts.shaper is not None:
         if dep.prfaas is None:
             raise UserError(

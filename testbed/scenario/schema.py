@@ -47,7 +47,7 @@ from testbed.nemesis import ACTIONS, NemesisEvent, nemesis_union
 from testbed.policy import POLICIES
 from testbed.registry import UnknownName
 
-__all__ = ["CheckerAction", "NemesisAction", "Scenario", "load_scenario"]
+__all__ = ["CheckerAction", "NemesisAction", "Scenario", "load_scenario", "scenario_from_data"]
 
 if TYPE_CHECKING:
     NemesisAction = NemesisEvent
@@ -237,7 +237,12 @@ def _format_validation_error(path: Path, exc: ValidationError) -> str:
 def load_scenario(path: str | Path) -> Scenario:
     """Load and validate a scenario file. Relative trace paths are resolved against it."""
     p = Path(path)
-    data = load_yaml(p)
+    return scenario_from_data(load_yaml(p), p)
+
+
+def scenario_from_data(data: Any, p: Path) -> Scenario:
+    """Validate a scenario file's parsed contents (possibly changed, as `testbed sweep` does)
+    as if they were the file `p`: errors name it, relative paths resolve against it."""
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a mapping of scenario fields at the top level")
     data.setdefault("name", p.stem)

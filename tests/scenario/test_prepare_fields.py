@@ -76,7 +76,10 @@ def test_deployment_picks_which_deployment_runs() -> None:
     homo = {"kind": "homogeneous", "local": {"hardware": "h20x8", "instances": 4}}
     two = {"deployments": {**BASE["deployments"], "homo": homo}}
     sc = Scenario.model_validate({**BASE, **two, "deployment": "homo"})
-    assert plan(sc).deployment_name == "homo"
+    assert plan(sc, policy="homogeneous").deployment_name == "homo"
+    # the scenario's prfaas-static on a homogeneous deployment would fail every request
+    with pytest.raises(UserError, match="runs on a prfaas-pd deployment; deployment 'homo' is"):
+        plan(sc)
     sc = Scenario.model_validate({**BASE, **two, "deployment": "pd"})
     assert plan(sc).deployment_name == "pd"
     with pytest.raises(UserError, match="set 'deployment'"):
@@ -172,7 +175,7 @@ def test_instances_and_hardware_change_the_plan(base: RunPlan) -> None:
 
 
 def test_kind_and_model_change_the_plan(base: RunPlan) -> None:
-    naive = plan(scenario(**dep(kind="naive")))
+    naive = plan(scenario(**dep(kind="naive")), policy="naive")
     assert naive.threshold_tokens is None or naive.plan.offload_fraction == 1.0
     assert naive.plan.offload_fraction == 1.0 and base.plan.offload_fraction < 1.0
     other = plan(scenario(**dep(model="kimi-linear-48b")))

@@ -1,0 +1,239 @@
+"""`testbed sweep`: a grid of what-ifs on the sim substrate, one row per cell.
+
+Each `--set path=v1,v2,...` names a field by its path in the scenario file
+(`deployments.prfaas-pd.link.bandwidth`, `workload.arrivals.load`, `policy.name`, `seed`) and the
+values it takes; the grid is their product. A cell is the scenario file with those values written
+in, validated like the file itself (units required, errors naming the `--set`), then simulated
+twice: as the scenario offers it (goodput, TTFT, SLO attainment, link use), and at 120% of the
+planner's lambda_max, where the completion rate over the steady window is the cell's saturation
+throughput (the method of bench/fidelity.py), set next to the planner's lambda_max. Cells where
+the two differ by more than FLAG_GAP are flagged: the planner's fluid model leaves something out
+there (docs/sim.md says what, by bottleneck).
+
+Cells run in a local process pool (`jobs`), or on a Ray cluster; either way each cell is one
+call of `run_cell`, a pure function of its inputs, so the results are identical.
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from testbed.clock import Scale
+from testbed.config import load_yaml
+from testbed.errors import ConfigError, UserError
+from testbed.metrics.records import RequestRecord
+from testbed.metrics.summary import summarize
+from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.schema import Scenario, scenario_from_data
+from testbed.scenario.sim_run import sim_inputs
+from testbed.sim import simulate
+
+__all__ = ["FLAG_GAP", "Axis", "Cell", "cells", "parse_set", "run_cell", "run_grid"]
+
+FLAG_GAP = 0.10
+"""Sim saturation vs the planner's lambda_max beyond which a cell is flagged."""
+SATURATION_LOAD = 1.2
+SATURATION_MIN_S = 600.0
+"""Real-world seconds a saturation run lasts at least: its steady window (the last five sixths)
+must dwarf the time a request spends in the system (~25 s on the paper's workload), or the
+ramp-up reads as lost throughput (-10% at 120 s on the paper's deployment, -2.7% at 600 s)."""
+MAX_CELLS = 10_000
+
+
+@dataclass(frozen=True)
+class Axis:
+    path: str
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the grid: the scenario file and the values written into it."""
+
+    scenario_path: str
+    settings: tuple[tuple[str, str], ...]
+    saturation: bool = True
+
+
+def parse_set(text: str) -> Axis:
+    """`path=v1,v2,...` (values as YAML scalars: `10Gbps`, `4`, `prfaas-static`)."""
+    path, sep, values = text.partition("=")
+    path = path.strip()
+    if not sep or not path or not values.strip():
+        raise UserError(f"--set {text!r}: write it as path=value1,value2,...")
+    if any(not part for part in path.split(".")):
+        raise UserError(f"--set {text!r}: {path!r} is not a dotted path")
+    vals = tuple(v.strip() for v in values.split(","))
+    if any(not v for v in vals):
+        raise UserError(f"--set {text!r}: an empty value")
+    if len(set(vals)) != len(vals):
+        raise UserError(f"--set {text!r}: a value given twice")
+    return Axis(path, vals)
+
+
+def cells(scenario_path: Path, axes: Sequence[Axis], *, saturation: bool = True) -> list[Cell]:
+    paths = [a.path for a in axes]
+    if len(set(paths)) != len(paths):
+        raise UserError("each path may be --set once")
+    grid = list(itertools.product(*(a.values for a in axes)))
+    if len(grid) > MAX_CELLS:
+        raise UserError(f"{len(grid)} cells; a sweep takes at most {MAX_CELLS}")
+    return [
+        Cell(str(scenario_path), tuple(zip(paths, values, strict=True)), saturation)
+        for values in grid
+    ]
+
+
+def _write(data: dict[str, Any], path: str, raw: str) -> None:
+    """Write `raw` (a YAML scalar) at the dotted `path`, creating mappings on the way."""
+    value = yaml.safe_load(raw)
+    node: Any = data
+    parts = path.split(".")
+    for part in parts[:-1]:
+        if isinstance(node, list):
+            node = node[_index(part, node, path)]
+            continue
+        if not isinstance(node, dict):
+            raise UserError(f"--set {path}: {part!r} is inside a value, not a mapping")
+        node = node.setdefault(part, {})
+    last = parts[-1]
+    if isinstance(node, list):
+        node[_index(last, node, path)] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise UserError(f"--set {path}: {last!r} is inside a value, not a mapping")
+
+
+def _index(part: str, node: list[Any], path: str) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise UserError(f"--set {path}: {part!r} is not an index of a list of {len(node)}")
+    return int(part)
+
+
+def cell_scenario(cell: Cell, base: dict[str, Any] | None = None) -> Scenario:
+    """The scenario of one cell, validated like the file (errors name the settings)."""
+    path = Path(cell.scenario_path)
+    data = copy.deepcopy(base) if base is not None else load_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of scenario fields at the top level")
+    for key, raw in cell.settings:
+        _write(data, key, raw)
+    try:
+        return scenario_from_data(data, path)
+    except ConfigError as exc:
+        shown = ", ".join(f"{k}={v}" for k, v in cell.settings)
+        raise UserError(f"{exc} (with --set {shown})") from None
+
+
+def _completion_rate(records: Iterable[RequestRecord], lo: float, hi: float) -> float:
+    ends = sorted(r.last_token for r in records if r.status == "completed" and r.last_token)
+    return (bisect.bisect_right(ends, hi) - bisect.bisect_left(ends, lo)) / (hi - lo)
+
+
+def _simulate(scenario: Scenario) -> tuple[Any, dict[str, Any], list[RequestRecord]]:
+    opts = RunOptions(substrate="sim", out_dir=Path("unused"), progress=False)
+    rp = prepare_run(scenario, opts)
+    out = simulate(sim_inputs(rp, opts))
+    summary = summarize(
+        out.records,
+        out.history,
+        duration_s=rp.duration_s,
+        slo=scenario.slo,
+        scale=Scale.of(scenario.scale),
+    )
+    return rp, summary, out.records
+
+
+def run_cell(cell: Cell) -> dict[str, Any]:
+    """Simulate one cell (and its saturation run); a row of the sweep's table."""
+    scenario = cell_scenario(cell)
+    rp, s, _ = _simulate(scenario)
+    plan = rp.plan
+    row: dict[str, Any] = dict(cell.settings)
+    row.update(
+        {
+            "policy": rp.policy,
+            "gpus": plan.gpus,
+            "offered_rps": rp.rate_rps,
+            "throughput_rps": s["throughput_rps"],
+            "goodput_rps": s["goodput_rps"],
+            "goodput_per_gpu": s["goodput_rps"] / plan.gpus if plan.gpus else None,
+            "ttft_p50_s": s["ttft_s"]["p50"],
+            "ttft_p90_s": s["ttft_s"]["p90"],
+            "slo_attainment": s["slo_attainment"],
+            "failed": s["requests"]["failed"],
+            "link_mean_gbps": s["link"].get("mean_gbps") if s.get("link") else None,
+            "planner_lambda_max_rps": plan.lambda_max_rps,
+            "planner_bottleneck": plan.bottleneck,
+        }
+    )
+    if cell.saturation:
+        arrivals = scenario.workload.arrivals.model_copy(
+            update={"rate": None, "load": SATURATION_LOAD}
+        )
+        sat = scenario.model_copy(
+            update={
+                "workload": scenario.workload.model_copy(update={"arrivals": arrivals}),
+                "duration": max(scenario.duration, SATURATION_MIN_S),
+                "nemesis": [],
+                "checkers": [],
+            }
+        )
+        rp_sat, _, records = _simulate(sat)
+        lo, hi = rp_sat.duration_s / 6, rp_sat.duration_s
+        rate = _completion_rate(records, lo, hi)
+        gap = rate / plan.lambda_max_rps - 1 if plan.lambda_max_rps else None
+        row.update(
+            {
+                "sim_saturation_rps": rate,
+                "saturation_vs_planner": gap,
+                "flagged": gap is not None and abs(gap) > FLAG_GAP,
+            }
+        )
+    return row
+
+
+def run_grid(
+    todo: Sequence[Cell],
+    *,
+    jobs: int = 1,
+    ray_address: str | None = None,
+    on_row: Callable[[int, dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Every cell's row, in grid order, from a process pool or a Ray cluster."""
+    cell_scenario(todo[0])  # a bad --set fails here, once, before any worker starts
+    if ray_address is not None:
+        from testbed.scenario.sweep_ray import run_on_ray
+
+        rows = run_on_ray(todo, ray_address, run_cell)
+        for i, row in enumerate(rows):
+            if on_row is not None:
+                on_row(i, row)
+        return rows
+    results: list[dict[str, Any] | None] = [None] * len(todo)
+    if jobs <= 1:
+        for i, cell in enumerate(todo):
+            results[i] = run_cell(cell)
+            if on_row is not None:
+                on_row(i, results[i])  # type: ignore[arg-type]
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = {pool.submit(run_cell, cell): i for i, cell in enumerate(todo)}
+            from concurrent.futures import as_completed
+
+            for fut in as_completed(futures):
+                i = futures[fut]
+                results[i] = fut.result()
+                if on_row is not None:
+                    on_row(i, results[i])  # type: ignore[arg-type]
+    return [r for r in results if r is not None]
