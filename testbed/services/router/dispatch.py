@@ -21,7 +21,8 @@ import aiohttp
 
 from testbed.clock import LiveClock, Scale
 from testbed.kvcache.manager import CacheLookup, CachePlan, KVCacheManager, plan_request
-from testbed.metrics.records import RequestRecord
+from testbed.metrics.prometheus import RouterMetrics
+from testbed.metrics.records import RequestRecord, TokenTimer
 from testbed.policy import make_policy
 from testbed.policy.base import InstanceLoad, RequestView, Route, Snapshot
 from testbed.profiles import MODELS
@@ -106,6 +107,8 @@ class RouterState:
         """Block hash ids of the requests in flight (by request id), for the cache lookups."""
         self.health_interval_s = HEALTH_INTERVAL_S
         self.no_route_wait_s = NO_ROUTE_WAIT_S
+        self.metrics = RouterMetrics(spec.model, spec.byte_scale)
+        """The router's Prometheus series (metrics.prometheus), served at /metrics."""
 
     @property
     def workers(self) -> Workers:
@@ -218,8 +221,20 @@ class RouterState:
         if hash_ids:
             self.hash_ids[rid] = hash_ids
         self.in_flight += 1
+        timer = TokenTimer()  # inter-token gaps as the client gets them (records, /metrics)
+        self.metrics.taken(input_tokens)
+
+        async def timed(n: int) -> None:
+            gap = timer.add(self.clock.now(), n)
+            if gap is None:
+                self.metrics.first_token()
+            else:
+                self.metrics.gap(gap, n)
+            self.metrics.tokens(n)
+            await on_tokens(n)
+
         try:
-            await self._run(rec, on_tokens)
+            await self._run(rec, timed)
             rec.status = "completed"
         except RequestError as exc:
             rec.status, rec.failure_reason = "failed", str(exc)
@@ -231,6 +246,8 @@ class RouterState:
         finally:
             self.in_flight -= 1
             self.hash_ids.pop(rid, None)
+            timer.write(rec)
+            self.metrics.finished(rec, started=timer.chunks > 0)
             self.records.append(rec)
         return rec
 
