@@ -13,6 +13,7 @@ from typing import Any
 
 from testbed.clock import LiveClock
 from testbed.errors import UserError
+from testbed.metrics.bench import DEFAULT_PERCENTILES, parse_percentiles
 from testbed.metrics.summary import to_text
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.runner import run_scenario
@@ -32,6 +33,25 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def _percentiles(text: str) -> tuple[float, ...]:
+    try:
+        return parse_percentiles(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_percentiles(p: argparse.ArgumentParser) -> None:
+    """`--percentiles 50,90,95,99` (run and up): latency percentiles in summary.json."""
+    p.add_argument(
+        "--percentiles",
+        type=_percentiles,
+        default=DEFAULT_PERCENTILES,
+        metavar="LIST",
+        help="latency percentiles for summary.json, comma-separated (p50, p90 and p99 are "
+        "always there; default 50,90,99)",
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.substrate not in SUBSTRATES:
         raise UserError(f"substrate {args.substrate!r} is not available; use 'local' or 'compose'")
@@ -44,6 +64,7 @@ def _run(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         out_dir=out,
         progress=not args.quiet,
+        percentiles=args.percentiles,
     )
     rp = prepare_run(scenario, opts)
     clock = LiveClock.paced(scenario.scale)
@@ -113,6 +134,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--out", metavar="DIR", help="results directory (default: results/NAME)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_percentiles(p)
     p.set_defaults(func=_run)
     s = sub.add_parser("scenarios", help="list the scenario library")
     s.set_defaults(func=_list)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.cli.run import _positive_float
+from testbed.cli.run import _positive_float, add_percentiles
 from testbed.errors import UserError
 from testbed.metrics.summary import to_text
 from testbed.scenario.plan import RunOptions, prepare_run
@@ -35,7 +35,13 @@ def _up(args: argparse.Namespace) -> int:
         raise UserError(f"substrate {args.substrate!r} is not available; use 'local' or 'compose'")
     scenario = load_scenario(args.scenario)
     out = Path(args.out) if args.out else Path("results") / f"{scenario.name}-up"
-    opts = RunOptions(substrate=args.substrate, policy=args.policy, out_dir=out, progress=False)
+    opts = RunOptions(
+        substrate=args.substrate,
+        policy=args.policy,
+        out_dir=out,
+        progress=False,
+        percentiles=args.percentiles,
+    )
     time_scale = args.time_scale if args.time_scale is not None else 1.0
     rp = at_time_scale(prepare_run(scenario, opts), time_scale)
     if time_scale != 1.0:
@@ -84,4 +90,5 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--no-faults", action="store_true", help="do not play the nemesis timeline")
     p.add_argument("--out", metavar="DIR", help="results directory (default: results/NAME-up)")
+    add_percentiles(p)
     p.set_defaults(func=_up)

@@ -82,6 +82,12 @@ def _encode(text: str) -> list[int]:
     return codec().encode(text) or [0]  # an empty prompt still prefills one token
 
 
+def _max_tokens(body: dict[str, Any]) -> int:
+    """`max_completion_tokens` (OpenAI's newer name) or `max_tokens`; default 16."""
+    key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    return positive_int(body, key, MAX_OUTPUT_TOKENS, DEFAULT_MAX_TOKENS)
+
+
 def _include_usage(body: dict[str, Any]) -> bool:
     opts = body.get("stream_options")
     return isinstance(opts, dict) and bool(opts.get("include_usage"))
@@ -218,7 +224,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         hash_ids = block_hashes(ids)
     if input_tokens > MAX_INPUT_TOKENS:
         raise api_error(f"prompt too long (at most {MAX_INPUT_TOKENS} tokens)")
-    output_tokens = positive_int(body, "max_tokens", MAX_OUTPUT_TOKENS, DEFAULT_MAX_TOKENS)
+    output_tokens = _max_tokens(body)
     call = _Call(state, body, chat=False)  # last: a refused request does not use up an id
     return await call.run(request, body, input_tokens, output_tokens, hash_ids)
 
@@ -229,8 +235,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     ids = _chat_ids(body.get("messages"))
     if len(ids) > MAX_INPUT_TOKENS:
         raise api_error(f"prompt too long (at most {MAX_INPUT_TOKENS} tokens)")
-    key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    output_tokens = positive_int(body, key, MAX_OUTPUT_TOKENS, DEFAULT_MAX_TOKENS)
+    output_tokens = _max_tokens(body)
     call = _Call(state, body, chat=True)
     return await call.run(request, body, len(ids), output_tokens, block_hashes(ids))
 
