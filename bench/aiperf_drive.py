@@ -52,6 +52,29 @@ def ensure_aiperf() -> Path:
     return exe
 
 
+HUB_NAME = "prfaas-testbed/tokenizer-512"
+"""The name the shipped tokenizer goes by in the private hub cache `hub_cache` lays out."""
+
+
+def hub_cache(out: Path) -> Path:
+    """The shipped tokenizer laid out as a Hugging Face hub cache entry (no network).
+
+    AIPerf 0.13's prompt-synthesis workers (Mooncake hash_ids) run with HF_HUB_OFFLINE=1 and
+    then resolve every tokenizer name through the hub cache, which refuses a filesystem path;
+    so AIPerf gets the tokenizer by a hub name whose cache entry is the shipped directory's
+    files, and runs offline throughout."""
+    cache = out / "hf-cache"
+    entry = cache / ("models--" + HUB_NAME.replace("/", "--"))
+    commit = "0" * 40
+    snap = entry / "snapshots" / commit
+    snap.mkdir(parents=True, exist_ok=True)
+    for f in TOKENIZER.iterdir():
+        (snap / f.name).write_bytes(f.read_bytes())
+    (entry / "refs").mkdir(exist_ok=True)
+    (entry / "refs" / "main").write_text(commit)
+    return cache
+
+
 def start_up(out: Path) -> tuple[subprocess.Popen[str], str]:
     testbed = Path(sys.executable).parent / "testbed"
     cmd = [str(testbed), "up", str(ROOT / "scenarios" / "burst.yaml"), "--no-faults"]
@@ -82,14 +105,17 @@ def history_ids(router: str) -> list[str]:
 
 def aiperf(exe: Path, router: str, art: Path, extra: list[str]) -> None:
     cmd = [
-        str(exe), "profile", "--model", "internal-1t-hybrid", "--tokenizer", str(TOKENIZER),
+        str(exe), "profile", "--model", "internal-1t-hybrid", "--tokenizer", HUB_NAME,
         "--url", router, "--streaming", "--artifact-dir", str(art), "--ui", "none",
         "--random-seed", "7", *extra,
     ]  # fmt: skip
     print("  $ " + " ".join(cmd[1:]))
-    # A local tokenizer path needs no network; AIPerf's HF_HUB_OFFLINE mode would look the
-    # path up in the hub cache instead (aiperf 0.13), so the environment is left as it is.
-    env = dict(os.environ)
+    env = {
+        **os.environ,
+        "HF_HUB_CACHE": str(hub_cache(art.parent)),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
     with (art.parent / f"{art.name}.log").open("w") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
 
