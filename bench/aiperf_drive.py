@@ -153,7 +153,7 @@ def server_metrics(art: Path) -> list[str]:
     """vLLM-named series AIPerf's server-metrics export found at our /metrics."""
     names: set[str] = set()
     for f in art.rglob("server_metrics_export*.json"):
-        names.update(re.findall(r"vllm:[a-z_]+", f.read_text()))
+        names.update(re.findall(r"vllm:[a-z0-9_]+", f.read_text()))
     return sorted(names)
 
 

@@ -211,12 +211,15 @@ class RouterState:
         output_tokens: int,
         on_tokens: TokenSink,
         hash_ids: tuple[int, ...] = (),
+        arrival: float | None = None,
     ) -> RequestRecord:
+        """Run one request; `arrival` is when the router received it (default: now), so the
+        time spent reading and tokenizing a text prompt counts in its TTFT as a client sees."""
         rec = RequestRecord(
             id=rid,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
-            arrival=self.clock.now(),
+            arrival=self.clock.now() if arrival is None else arrival,
         )
         if hash_ids:
             self.hash_ids[rid] = hash_ids

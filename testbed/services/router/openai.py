@@ -15,6 +15,7 @@ produced (every token at `testbed up`), then `data: [DONE]`; with
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -45,13 +46,13 @@ MAX_PROMPT_CHARS = 64 << 20
 """Longest text prompt the router tokenizes (the body limit bounds it already; this says so)."""
 
 
-def _prompt_ids(prompt: Any) -> list[int]:
+async def _prompt_ids(prompt: Any) -> list[int]:
     """A completions `prompt` as token ids: a string, a list of one string, token ids, or a
     list of one list of token ids (one prompt per request)."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return _encode(prompt)
+        return await _encode(prompt)
     if (
         isinstance(prompt, list)
         and prompt
@@ -61,7 +62,7 @@ def _prompt_ids(prompt: Any) -> list[int]:
     raise api_error("prompt must be a string or a non-empty list of token ids (one prompt)")
 
 
-def _chat_ids(messages: Any) -> list[int]:
+async def _chat_ids(messages: Any) -> list[int]:
     """Chat `messages` as token ids: each message's text content, one per line."""
     if not isinstance(messages, list) or not messages:
         raise api_error("messages must be a non-empty list")
@@ -73,13 +74,16 @@ def _chat_ids(messages: Any) -> list[int]:
         if not isinstance(content, str):
             raise api_error("each message needs a string content (or text parts)")
         parts.append(content)
-    return _encode("\n".join(parts))
+    return await _encode("\n".join(parts))
 
 
-def _encode(text: str) -> list[int]:
+async def _encode(text: str) -> list[int]:
+    """Token ids of a text prompt, tokenized off the event loop: a 40K-token prompt takes
+    about 0.1 s, which would otherwise delay every other request's streamed tokens."""
     if len(text) > MAX_PROMPT_CHARS:
         raise api_error(f"prompt too long (at most {MAX_PROMPT_CHARS} characters)")
-    return codec().encode(text) or [0]  # an empty prompt still prefills one token
+    ids = await asyncio.to_thread(codec().encode, text)
+    return ids or [0]  # an empty prompt still prefills one token
 
 
 def _max_tokens(body: dict[str, Any]) -> int:
@@ -104,6 +108,7 @@ class _Call:
         self.created = int(time.time())
         self.model = str(body.get("model", state.spec.model))
         self.stream = bool(body.get("stream"))
+        self.arrival: float | None = None
 
     def doc(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         kind = "text_completion"
@@ -145,7 +150,9 @@ class _Call:
             nonlocal total
             total += n
 
-        rec = await state.handle(self.rid, input_tokens, output_tokens, count, hash_ids)
+        rec = await state.handle(
+            self.rid, input_tokens, output_tokens, count, hash_ids, self.arrival
+        )
         if rec.status != "completed":
             return web.json_response(
                 {"error": {"message": rec.failure_reason, "type": "server_error"}}, status=503
@@ -176,7 +183,9 @@ class _Call:
             return _event(doc)
 
         sink = token_sink(resp, encode)
-        rec = await self.state.handle(self.rid, input_tokens, output_tokens, sink, hash_ids)
+        rec = await self.state.handle(
+            self.rid, input_tokens, output_tokens, sink, hash_ids, self.arrival
+        )
         if rec.status == "completed":
             tail = _event(self.doc([self.choice("", "length")]))
             if _include_usage(body):
@@ -212,6 +221,7 @@ def _output_text(rec: RequestRecord, n: int) -> str:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
+    arrival = state.clock.now()
     body = await read_body(request)
     if "prompt" not in body:
         raise api_error("prompt is required")
@@ -219,24 +229,27 @@ async def completions(request: web.Request) -> web.StreamResponse:
         input_tokens = positive_int(body, "input_tokens", MAX_INPUT_TOKENS)
         hash_ids = hash_ids_field(body, input_tokens)
     else:
-        ids = _prompt_ids(body["prompt"])
+        ids = await _prompt_ids(body["prompt"])
         input_tokens = len(ids)
         hash_ids = block_hashes(ids)
     if input_tokens > MAX_INPUT_TOKENS:
         raise api_error(f"prompt too long (at most {MAX_INPUT_TOKENS} tokens)")
     output_tokens = _max_tokens(body)
     call = _Call(state, body, chat=False)  # last: a refused request does not use up an id
+    call.arrival = arrival
     return await call.run(request, body, input_tokens, output_tokens, hash_ids)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
+    arrival = state.clock.now()
     body = await read_body(request)
-    ids = _chat_ids(body.get("messages"))
+    ids = await _chat_ids(body.get("messages"))
     if len(ids) > MAX_INPUT_TOKENS:
         raise api_error(f"prompt too long (at most {MAX_INPUT_TOKENS} tokens)")
     output_tokens = _max_tokens(body)
     call = _Call(state, body, chat=True)
+    call.arrival = arrival
     return await call.run(request, body, len(ids), output_tokens, block_hashes(ids))
 
 
