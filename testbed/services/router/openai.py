@@ -100,7 +100,9 @@ def _include_usage(body: dict[str, Any]) -> bool:
 class _Call:
     """One OpenAI request: the shape of its chunks and how it runs on the router."""
 
-    def __init__(self, state: RouterState, body: dict[str, Any], chat: bool) -> None:
+    def __init__(
+        self, state: RouterState, body: dict[str, Any], chat: bool, arrival: float
+    ) -> None:
         self.state = state
         self.chat = chat
         self.rid = claim(state, {})
@@ -108,7 +110,8 @@ class _Call:
         self.created = int(time.time())
         self.model = str(body.get("model", state.spec.model))
         self.stream = bool(body.get("stream"))
-        self.arrival: float | None = None
+        self.arrival = arrival
+        """When the router received the request (before reading and tokenizing it)."""
 
     def doc(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         kind = "text_completion"
@@ -235,8 +238,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if input_tokens > MAX_INPUT_TOKENS:
         raise api_error(f"prompt too long (at most {MAX_INPUT_TOKENS} tokens)")
     output_tokens = _max_tokens(body)
-    call = _Call(state, body, chat=False)  # last: a refused request does not use up an id
-    call.arrival = arrival
+    call = _Call(state, body, False, arrival)  # last: a refused request uses up no id
     return await call.run(request, body, input_tokens, output_tokens, hash_ids)
 
 
@@ -248,8 +250,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if len(ids) > MAX_INPUT_TOKENS:
         raise api_error(f"prompt too long (at most {MAX_INPUT_TOKENS} tokens)")
     output_tokens = _max_tokens(body)
-    call = _Call(state, body, chat=True)
-    call.arrival = arrival
+    call = _Call(state, body, True, arrival)
     return await call.run(request, body, len(ids), output_tokens, block_hashes(ids))
 
 
