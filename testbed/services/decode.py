@@ -175,7 +175,11 @@ async def _decode(request: web.Request) -> web.StreamResponse:
                     n += pending.get_nowait()
                 streamed += n
                 state.tokens_streamed += n
-                await send({"tokens": n})
+                line: dict[str, Any] = {"tokens": n}
+                ids = engine.result(handle).get("token_ids")  # engine: torch, so far
+                if ids is not None:  # the router streams the model's real text
+                    line["ids"] = ids[streamed - n : streamed]
+                await send(line)
             else:
                 getter.cancel()
     finally:

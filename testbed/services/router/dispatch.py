@@ -89,6 +89,8 @@ class RouterState:
             else None
         )
         self.records: list[RequestRecord] = []
+        self.live: dict[str, RequestRecord] = {}
+        """Records of the requests in flight, by id (the OpenAI stream reads their tokens)."""
         self.in_flight = 0
         self._ids = itertools.count(1)
         self.ids: set[str] = set()
@@ -224,6 +226,7 @@ class RouterState:
         if hash_ids:
             self.hash_ids[rid] = hash_ids
         self.in_flight += 1
+        self.live[rid] = rec
         timer = TokenTimer()  # inter-token gaps as the client gets them (records, /metrics)
         self.metrics.taken(input_tokens)
 
@@ -249,6 +252,7 @@ class RouterState:
         finally:
             self.in_flight -= 1
             self.hash_ids.pop(rid, None)
+            self.live.pop(rid, None)
             timer.write(rec)
             self.metrics.finished(rec, started=timer.chunks > 0)
             self.records.append(rec)

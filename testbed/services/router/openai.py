@@ -5,8 +5,8 @@ client counting with the same tokenizer counts, and text prompts get prefix-cach
 from their token ids. `/v1/completions` also takes the explicit `input_tokens` (and `hash_ids`)
 of a trace replay, which then replace the count and the hashes. Output is `max_tokens` tokens
 (`max_completion_tokens` for chat; default 16), `finish_reason` "length": the emulated engine
-generates counts, shown as whole-word tokens that re-tokenize to the same count; `engine:
-torch` answers non-streaming requests with the tiny model's real output, decoded.
+generates counts, shown as whole-word tokens that re-tokenize to the same count; with `engine:
+torch` the text is the tiny model's real output, decoded (streamed as it is generated).
 
 `stream: true` sends server-sent events, one chunk per batch of tokens the decode instance
 produced (every token at `testbed up`), then `data: [DONE]`; with
@@ -180,7 +180,12 @@ class _Call:
 
         def encode(n: int) -> bytes:
             nonlocal sent
-            text = codec().filler_text(sent, n)
+            rec = self.state.live.get(self.rid)
+            ids = rec.output_ids if rec is not None else None
+            if ids is not None and len(ids) >= sent + n:  # engine: torch: the model's text
+                text = codec().decode(ids[sent : sent + n])
+            else:
+                text = codec().filler_text(sent, n)
             doc = self.doc([self.choice(text, None, first=sent == 0)])
             sent += n
             return _event(doc)
