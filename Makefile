@@ -8,7 +8,7 @@ NAME   ?= burst
 SUBSTRATE ?= local
 ARGS   ?=
 
-.PHONY: install test test-fast chaos lint bench scenario scenarios plan clean help
+.PHONY: install test test-fast chaos lint bench aiperf tokenizer scenario scenarios plan clean help
 
 help:
 	@echo "make install             create .venv from pyproject.toml (idempotent)"
@@ -22,6 +22,8 @@ help:
 	@echo "make chaos               short versions of every scenario with faults (pytest -m 'chaos and not model')"
 	@echo "make lint                ruff + mypy + the import-layer check (what CI runs too)"
 	@echo "make bench               run the bench/ scripts and print their figures"
+	@echo "make aiperf              NVIDIA AIPerf (own .venv-aiperf) against testbed up, vs our records"
+	@echo "make tokenizer           rebuild testbed/data/tokenizer (the shipped 512-id tokenizer)"
 	@echo "make clean               remove .venv, results/ and caches"
 
 install: $(STAMP)
@@ -53,8 +55,16 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/python -m testbed.devtools.layers
 
+# bench/aiperf_drive.py installs AIPerf into its own .venv-aiperf and stands a deployment up:
+# `make aiperf` runs it, `make bench` does not.
 bench: $(STAMP)
-	@for f in bench/*.py; do echo "== $$f"; $(BIN)/python $$f || exit $$?; done
+	@for f in $(filter-out bench/aiperf_drive.py,$(wildcard bench/*.py)); do echo "== $$f"; $(BIN)/python $$f || exit $$?; done
+
+aiperf: $(STAMP)
+	$(BIN)/python bench/aiperf_drive.py $(ARGS)
+
+tokenizer: $(STAMP)
+	$(BIN)/python scripts/build_tokenizer.py
 
 # Scenarios on the tiny real model (`engine: torch`) need torch: install the model extra for them
 # only, so `make install` stays light for every other scenario.
@@ -69,7 +79,7 @@ plan: $(STAMP)
 	$(BIN)/testbed plan scenarios/$(NAME).yaml $(ARGS)
 
 clean:
-	rm -rf $(VENV) results .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info
+	rm -rf $(VENV) .venv-aiperf results .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # The compose substrate (docs/compose.md): images built from Debian packages and PyPI wheels

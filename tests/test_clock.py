@@ -26,6 +26,8 @@ ALLOWED_READS: dict[str, str] = {
     "engine/torch/verify.py": "builds verify-model's clock from its option (0: no pacing)",
     "cli/verify.py": "passes --time-scale to verify-model",
     "cli/run.py": "prints the scale in the run header",
+    "cli/up.py": "passes --time-scale to the standing deployment and prints it, with a warning",
+    "scenario/standing.py": "replaces the scenario's time_scale (testbed up runs at 1 by default)",
 }
 """Modules that read `time_scale` without computing with it, and why."""
 

@@ -49,6 +49,7 @@ ACT = "tests/nemesis/test_action_fields.py::"
 SVC = "tests/services/test_spec_fields.py::"
 ROUTER = "tests/services/test_router_spec_fields.py::"
 CLI = "tests/cli/test_cli_flags.py::"
+UP = "tests/cli/test_cli_up.py::"
 
 PLAYER = "tests/chaos/test_checkers_scenario.py::test_player_records_every_phase_and_survives_a_failing_fault"
 REGISTERED = (
@@ -210,6 +211,8 @@ FIELDS: dict[str, Tests] = {
         "tests/metrics/test_slo_fields.py::test_ttft_and_decode_speed_set_what_counts_as_good",
     ),
     "SloConfig.ttft": "tests/metrics/test_slo_fields.py::test_ttft_and_decode_speed_set_what_counts_as_good",
+    "SloConfig.e2e": "tests/metrics/test_bench.py::test_goodput_e2e_bound_and_tpot_tolerance",
+    "SloConfig.tpot_tolerance": "tests/metrics/test_bench.py::test_goodput_e2e_bound_and_tpot_tolerance",
     "PolicyConfig.name": PREP + "test_policy_name_and_threshold",
     "PolicyConfig.threshold": PREP + "test_policy_name_and_threshold",
     "PolicyConfig.short_term": RUN + "test_the_router_gets_policy_threshold_cache_and_scheduler",
@@ -350,6 +353,10 @@ FIELDS: dict[str, Tests] = {
     "ServiceSpec.unsafe_skip_kv_verify": SVC + "test_unsafe_skip_kv_verify_decodes_without_kv",
     "ServiceSpec.unsafe_fail_prefill": SVC
     + "test_unsafe_fail_prefill_answers_every_prefill_with_an_error",
+    "ServiceSpec.flush_interval_s": (
+        "tests/scenario/test_standing.py::test_flush_interval_zero_streams_every_token_as_produced",
+        "tests/scenario/test_standing.py::test_standing_deployment_serves_records_and_cleans_up",
+    ),
     "ServiceSpec.initial_role": SVC + "test_a_pd_instance_serves_its_initial_role_first",
     "ServiceSpec.role_switch_s": "tests/scheduler/test_longterm.py::test_pd_instance_switches_role_only_when_drained",
     "ServiceSpec.policy": ROUTER + "test_the_policy_name_picks_the_policy",
@@ -425,6 +432,28 @@ FLAGS: dict[str, Tests] = {
         "tests/scenario/test_shaper_tc.py::test_bandwidth_drop_with_the_kernel_shaper",
     ),
     "testbed run --quiet": CLI + "test_quiet_drops_the_progress_bar",
+    "testbed run --percentiles": (
+        UP + "test_percentiles_flag_of_run_and_its_errors",
+        "tests/metrics/test_bench.py::test_configured_percentiles_join_the_fixed_ones",
+    ),
+    "testbed up --substrate": UP + "test_up_flags_reach_the_plan_and_the_options",
+    "testbed up --policy": UP + "test_up_flags_reach_the_plan_and_the_options",
+    "testbed up --out": (
+        UP + "test_up_runs_at_time_scale_1_with_faults_by_default",
+        "tests/scenario/test_standing.py::test_testbed_up_stops_on_sigint_and_writes_results",
+    ),
+    "testbed up --percentiles": (
+        UP + "test_up_flags_reach_the_plan_and_the_options",
+        "tests/metrics/test_bench.py::test_configured_percentiles_join_the_fixed_ones",
+    ),
+    "testbed up --time-scale": (
+        UP + "test_up_runs_at_time_scale_1_with_faults_by_default",
+        UP + "test_up_flags_reach_the_plan_and_the_options",
+    ),
+    "testbed up --no-faults": (
+        UP + "test_up_flags_reach_the_plan_and_the_options",
+        "tests/scenario/test_standing.py::test_faults_play_against_a_standing_deployment_unless_told_not_to",
+    ),
     "testbed link serve --host": SERVE,
     "testbed link serve --port": (
         SERVE,

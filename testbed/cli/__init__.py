@@ -1,7 +1,7 @@
 """The `testbed` command: one entry point, one subcommand per job (`python -m testbed.cli` too).
 
 Each subcommand is a module of this package with an `add_parser(subparsers)` function (`plan`,
-`run` and `scenarios`, `link`, `verify-model`), so this file only wires them together. Every
+`run` and `scenarios`, `up`, `link`, `verify-model`), so this file only wires them together. Every
 user error (bad config, bad arguments, a missing file) ends as one line on stderr and exit code
 2, never a traceback.
 """
@@ -27,10 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    from testbed.cli import link, plan, profile, run, sweep, verify
+    from testbed.cli import link, plan, profile, run, sweep, up, verify
 
     plan.add_parser(sub)
     run.add_parser(sub)
+    up.add_parser(sub)
     link.add_parser(sub)
     verify.add_parser(sub)
     profile.add_parser(sub)

@@ -15,6 +15,7 @@ from typing import Any
 from testbed.cli.progress import ProgressDisplay
 from testbed.clock import LiveClock
 from testbed.errors import UserError
+from testbed.metrics.bench import DEFAULT_PERCENTILES, parse_percentiles
 from testbed.metrics.summary import to_text
 from testbed.scenario.library import LIBRARY_DIR, library_scenarios, resolve_scenario
 from testbed.scenario.plan import RunOptions, RunPlan, RunResult, prepare_run
@@ -38,6 +39,25 @@ def _positive_duration(text: str) -> float:
     return v
 
 
+def _percentiles(text: str) -> tuple[float, ...]:
+    try:
+        return parse_percentiles(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_percentiles(p: argparse.ArgumentParser) -> None:
+    """`--percentiles 50,90,95,99` (run and up): latency percentiles in summary.json."""
+    p.add_argument(
+        "--percentiles",
+        type=_percentiles,
+        default=DEFAULT_PERCENTILES,
+        metavar="LIST",
+        help="latency percentiles for summary.json, comma-separated (p50, p90 and p99 are "
+        "always there; default 50,90,99)",
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if args.substrate not in RUN_SUBSTRATES:
@@ -55,6 +75,7 @@ def _run(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         shaper=args.shaper,
         seed=args.seed,
+        percentiles=args.percentiles,
     )
     rp = prepare_run(scenario, opts)
     if opts.substrate == "sim":
@@ -153,6 +174,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--out", metavar="DIR", help="results directory (default: results/NAME)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_percentiles(p)
     p.set_defaults(func=_run)
     s = sub.add_parser("scenarios", help="list the scenario library")
     s.set_defaults(func=_list)

@@ -16,6 +16,10 @@ class SloConfig(StrictModel):
 
     decode_tokens_per_s: float = Field(40.0, gt=0)
     ttft: PositiveDuration = 10.0
+    e2e: PositiveDuration | None = None
+    """Goodput also needs E2E (arrival to last token) within this bound; None: no E2E bound."""
+    tpot_tolerance: float = Field(0.05, ge=0, le=1)
+    """Relative slack on the TPOT bound when judging goodput (metrics.summary)."""
 
     @property
     def tpot(self) -> float:

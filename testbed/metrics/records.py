@@ -9,6 +9,7 @@ real-world bytes (wire bytes x byte_scale) unless a field name says `wire`.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -19,7 +20,14 @@ from testbed.metrics.files import Journal, write_jsonl_atomic
 Status = Literal["completed", "failed"]
 Route = Literal["prfaas", "local"]
 
-__all__ = ["HistoryEvent", "JournaledHistory", "RequestRecord", "read_jsonl", "write_jsonl"]
+__all__ = [
+    "HistoryEvent",
+    "JournaledHistory",
+    "RequestRecord",
+    "TokenTimer",
+    "read_jsonl",
+    "write_jsonl",
+]
 
 
 @dataclass
@@ -72,6 +80,14 @@ class RequestRecord:
     output_ids: list[int] | None = None
     """engine: torch: the generated token ids (first from prefill, the rest from decode), so
     the token_exact checker can compare them with a single-process generation."""
+    token_chunks: int = 0
+    """Chunks the router streamed to the client (a chunk holds every token that came at once)."""
+    itl_min: float | None = None
+    """Shortest inter-token gap the router saw (real-world seconds; `TokenTimer`)."""
+    itl_max: float | None = None
+    """Longest inter-token gap the router saw (real-world seconds)."""
+    itl_std: float | None = None
+    """Standard deviation of the inter-token gaps (real-world seconds); their mean is `itl`."""
 
     @property
     def ttft(self) -> float | None:
@@ -88,6 +104,11 @@ class RequestRecord:
             return None
         return (self.last_token - self.first_token) / (self.tokens_out - 1)
 
+    @property
+    def itl(self) -> float | None:
+        """Mean inter-token latency: AIPerf's and vLLM's per-request ITL, which is `tpot`."""
+        return self.tpot
+
     def to_json(self) -> dict[str, Any]:
         """The record as a JSON object (what dataclasses.asdict gives, field by field: its
         deep copy cost more than the rest of a 10,000-request simulation)."""
@@ -103,6 +124,47 @@ class RequestRecord:
 
 
 _RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))
+
+
+class TokenTimer:
+    """Inter-token gaps of one request as statistics, not timestamps.
+
+    Kept as a running count, mean, M2 (Welford), min and max, so a record stays a few numbers
+    however long its output: a simulated hour of a large deployment still fits in memory. A
+    chunk of k tokens that came `dt` after the previous chunk counts as k gaps of dt / k (the
+    tokens were produced over that interval); the first chunk opens the clock.
+    """
+
+    def __init__(self) -> None:
+        self.chunks = 0
+        self.last: float | None = None
+        self.n = 0
+        self.mean = 0.0
+        self.m2 = 0.0
+        self.lo = math.inf
+        self.hi = -math.inf
+
+    def add(self, t: float, k: int) -> float | None:
+        """k tokens arrived at real-world time t; returns the gap since the previous chunk."""
+        self.chunks += 1
+        last, self.last = self.last, t
+        if last is None or k < 1:
+            return None
+        dt = t - last
+        gap = dt / k
+        n = self.n + k
+        delta = gap - self.mean
+        self.mean += delta * k / n
+        self.m2 += delta * delta * self.n * k / n
+        self.n = n
+        self.lo, self.hi = min(self.lo, gap), max(self.hi, gap)
+        return dt
+
+    def write(self, rec: RequestRecord) -> None:
+        rec.token_chunks = self.chunks
+        if self.n:
+            rec.itl_min, rec.itl_max = self.lo, self.hi
+            rec.itl_std = math.sqrt(max(0.0, self.m2 / self.n))
 
 
 @dataclass

@@ -29,7 +29,13 @@ _COMPUTED = {
     "slo_attainment",
     "ttft_s",
     "tpot_s",
+    "itl_s",
     "e2e_s",
+    "ttft_ms",
+    "tpot_ms",
+    "itl_ms",
+    "e2e_ms",
+    "benchmark",
     "routes",
     "by_route",
     "link",
@@ -196,6 +202,7 @@ def render_report(
         [
             _latency_row("TTFT", summary["ttft_s"]),
             _latency_row("TPOT", summary["tpot_s"]),
+            *([_latency_row("ITL", summary["itl_s"])] if "itl_s" in summary else []),
             _latency_row("E2E", summary["e2e_s"]),
         ],
     )

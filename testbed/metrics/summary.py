@@ -8,10 +8,15 @@ written into the summary so a reader always knows how the numbers were produced.
 
 Definitions worth knowing:
 - throughput_rps: completed requests / duration_s (the arrival window of the run).
-- goodput_rps: completed requests whose TTFT <= slo.ttft and whose TPOT <= (1 / decode speed)
-  x (1 + TPOT_TOLERANCE), per second of duration_s. A request with fewer than two output tokens
-  has no TPOT and is judged on TTFT alone. The tolerance absorbs scheduler jitter of an emulated
-  decode step that is nominally exactly at the SLO (the planner sizes batches to hit it).
+- goodput_rps: completed requests whose TTFT <= slo.ttft, whose TPOT <= (1 / decode speed)
+  x (1 + slo.tpot_tolerance) and, when the scenario sets `slo.e2e`, whose E2E <= slo.e2e, per
+  second of duration_s. A request with fewer than two output tokens has no TPOT and is judged on
+  the other bounds. The tolerance (default TPOT_TOLERANCE) absorbs scheduler jitter of an
+  emulated decode step that is nominally exactly at the SLO (the planner sizes batches to hit
+  it).
+- ttft/tpot/itl/e2e `_s` and `_ms`: mean, std, min, max, p50/p90/p99 and the `percentiles`
+  asked for; `benchmark`: the same figures and token throughputs under `vllm bench serve`'s
+  names (metrics.bench, docs/metrics.md).
 - latency statistics (ttft_s, tpot_s, e2e_s) are over completed requests only: a failed request's
   latency is not a latency but a failure, counted under `failures`.
 - link: from "link" history events. bytes = the last cumulative `wire_bytes` x byte_scale;
@@ -25,12 +30,14 @@ Definitions worth knowing:
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from testbed.clock import Scale
 from testbed.config import SloConfig
+from testbed.metrics.bench import DEFAULT_PERCENTILES, benchmark, latency_sections
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.units import format_size
 
@@ -58,11 +65,14 @@ def stats(values: list[float]) -> dict[str, float | None]:
 
 
 def meets_slo(rec: RequestRecord, slo: SloConfig) -> bool:
-    """Whether a request counts towards goodput: completed, TTFT and TPOT within the SLO."""
+    """Whether a request counts towards goodput: completed, TTFT, TPOT (and E2E) within the
+    SLO."""
     if rec.status != "completed" or rec.ttft is None or rec.ttft > slo.ttft:
         return False
+    if slo.e2e is not None and (rec.e2e is None or rec.e2e > slo.e2e):
+        return False
     tpot = rec.tpot
-    return tpot is None or tpot <= slo.tpot * (1.0 + TPOT_TOLERANCE)
+    return tpot is None or tpot <= slo.tpot * (1.0 + slo.tpot_tolerance)
 
 
 def link_stats(history: list[HistoryEvent], byte_scale: float) -> dict[str, Any]:
@@ -252,6 +262,7 @@ def summarize(
     slo: SloConfig,
     scale: Scale,
     extra: dict[str, Any] | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
 ) -> dict[str, Any]:
     """The summary of one run (see the module docstring for definitions).
 
@@ -273,15 +284,19 @@ def summarize(
     summary: dict[str, Any] = {
         "duration_s": duration_s,
         "scale": scale.to_json(),
-        "slo": {"ttft_s": slo.ttft, "tpot_s": slo.tpot, "tpot_tolerance": TPOT_TOLERANCE},
+        "slo": {
+            "ttft_s": slo.ttft,
+            "tpot_s": slo.tpot,
+            "tpot_tolerance": slo.tpot_tolerance,
+            "e2e_s": slo.e2e,
+        },
         "requests": {"submitted": len(records), "completed": len(done), "failed": len(failed)},
         "failures": dict(sorted(Counter(r.failure_reason or "unknown" for r in failed).items())),
         "throughput_rps": len(done) / duration_s,
         "goodput_rps": len(good) / duration_s,
         "slo_attainment": len(good) / len(records) if records else None,
-        "ttft_s": stats([t for r in done if (t := r.ttft) is not None]),
-        "tpot_s": stats([t for r in done if (t := r.tpot) is not None]),
-        "e2e_s": stats([t for r in done if (t := r.e2e) is not None]),
+        **latency_sections(done, percentiles),
+        "benchmark": benchmark(done, len(good), duration_s, percentiles),
         "routes": dict(sorted(Counter(r.route or "unrouted" for r in records).items())),
         "by_route": _by_route(records, byte_scale),
         "link": link_stats(history, byte_scale),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +19,7 @@ from testbed.checkers import checkers_fit
 from testbed.config import DeploymentConfig
 from testbed.engine.torch import live
 from testbed.errors import UserError
+from testbed.metrics.bench import DEFAULT_PERCENTILES
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.nemesis import (
     PlannedFault,
@@ -51,6 +53,11 @@ class RunOptions:
     """`testbed run --shaper`: overrides the deployment's `link.shaper` ("emulator", "tc")."""
     seed: int | None = None
     """Replaces the scenario's seed (workload, fault targets, link jitter), on every substrate."""
+
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    """Latency percentiles in summary.json besides p50/p90/p99 (`--percentiles`)."""
+    started_at: float = field(default_factory=time.time)
+    """When the run was asked for (Unix time), for the summary's metadata."""
 
 
 @dataclass(frozen=True)

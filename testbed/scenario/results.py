@@ -7,9 +7,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed import __version__
 from testbed.checkers import run_checkers
 from testbed.clock import Scale
 from testbed.engine.torch.reference import TorchReference
+from testbed.metrics.bench import run_metadata
 from testbed.metrics.files import atomic_write
 from testbed.metrics.records import HistoryEvent, RequestRecord, write_jsonl
 from testbed.metrics.report import write_report
@@ -61,6 +63,13 @@ def write_results(
             "n_decode": rp.plan.n_decode,
         },
         "threshold_tokens": rp.threshold_tokens,
+        "metadata": run_metadata(
+            version=__version__,
+            seed=sc.seed,
+            scenario_json=sc.model_dump_json(),
+            started_at=opts.started_at,
+            argv=None,
+        ),
     }
     summary = summarize(
         records,
@@ -69,6 +78,7 @@ def write_results(
         slo=sc.slo,
         scale=Scale.of(sc.scale),
         extra=extra,
+        percentiles=opts.percentiles,
     )
     checks = run_checkers(
         records,

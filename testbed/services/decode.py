@@ -28,6 +28,7 @@ from testbed.profiles import MODELS
 from testbed.services import cache_pull
 from testbed.services.engines import decode_adapter
 from testbed.services.engines.base import DecodeAdapter
+from testbed.services.exposition import add_metrics_route, worker_registry, worker_samples
 from testbed.services.kv_expect import EXPECTING, expect_kv, label_field
 from testbed.services.spec import ServiceSpec
 from testbed.services.validate import health, int_field, json_body, json_errors, str_field
@@ -82,6 +83,7 @@ class DecodeState:
         self.waiting_kv = 0
         self.completed = 0
         self.failed = 0
+        self.tokens_streamed = 0
 
 
 STATE = web.AppKey("state", DecodeState)
@@ -172,7 +174,12 @@ async def _decode(request: web.Request) -> web.StreamResponse:
                 while not pending.empty():
                     n += pending.get_nowait()
                 streamed += n
-                await send({"tokens": n})
+                state.tokens_streamed += n
+                line: dict[str, Any] = {"tokens": n}
+                ids = engine.result(handle).get("token_ids")  # engine: torch, so far
+                if ids is not None:  # the router streams the model's real text
+                    line["ids"] = ids[streamed - n : streamed]
+                await send(line)
             else:
                 getter.cancel()
     finally:
@@ -231,27 +238,30 @@ async def _cancel(request: web.Request) -> web.Response:
 
 
 async def _stats(request: web.Request) -> web.Response:
-    state = request.app[STATE]
+    return web.json_response(stats_doc(request.app[STATE]))
+
+
+def stats_doc(state: DecodeState) -> dict[str, Any]:
+    """What `/stats` answers (and `/metrics` exposes: services.exposition)."""
     engine = state.engine
     rx = state.receiver.stats()
-    return web.json_response(
-        {
-            "id": state.spec.id,
-            "role": "decode",
-            **({"engine_kind": engine.kind} if engine.kind is not None else {}),
-            "active": engine.active(),
-            "waiting_batch": engine.waiting(),
-            "waiting_kv": state.waiting_kv,
-            "bs_max": state.bs_max,
-            "completed": state.completed,
-            "failed": state.failed,
-            **engine.counters(),
-            "kv_wire_bytes_received": rx.bytes_received,
-            "kv_checksum_failures": rx.checksum_failures,
-            **kv_accounting(rx),
-            "engine": engine.stats(),
-        }
-    )
+    return {
+        "id": state.spec.id,
+        "cluster": state.spec.cluster,
+        "role": "decode",
+        **({"engine_kind": engine.kind} if engine.kind is not None else {}),
+        "active": engine.active(),
+        "waiting_batch": engine.waiting(),
+        "waiting_kv": state.waiting_kv,
+        "bs_max": state.bs_max,
+        "completed": state.completed,
+        "failed": state.failed,
+        **engine.counters(),
+        "kv_wire_bytes_received": rx.bytes_received,
+        "kv_checksum_failures": rx.checksum_failures,
+        **kv_accounting(rx),
+        "engine": engine.stats(),
+    }
 
 
 async def create_app(
@@ -270,6 +280,17 @@ async def create_app(
         app.router.add_post("/prefix/receive", cache_pull.receive_handler(STATE))
     app.router.add_get("/stats", _stats)
     app.router.add_get("/health", health)
+    add_metrics_route(
+        app,
+        worker_registry(
+            lambda: worker_samples(
+                stats_doc(state),
+                model=spec.model,
+                byte_scale=spec.byte_scale,
+                tokens=state.tokens_streamed,
+            )
+        ),
+    )
     batch_task = asyncio.get_running_loop().create_task(state.engine.run())
 
     async def _shutdown(_app: web.Application) -> None:

@@ -24,6 +24,7 @@ from aiohttp import web
 from testbed.services import cache_pull
 from testbed.services.engines import prefill_adapter
 from testbed.services.engines.base import PrefillAdapter
+from testbed.services.exposition import add_metrics_route, worker_registry, worker_samples
 from testbed.services.kv_targets import targets_handler
 from testbed.services.prefill_queue import PrefillQueue
 from testbed.services.spec import ServiceSpec
@@ -50,6 +51,8 @@ class PrefillState(PrefillQueue[PrefillJob]):
     def __init__(self, spec: ServiceSpec, engine: PrefillAdapter[Any] | None = None) -> None:
         super().__init__(spec)
         self.engine = engine if engine is not None else prefill_adapter(spec, self.clock)
+        self.prompt_tokens = 0
+        """Tokens prefilled by requests that completed (vllm:prompt_tokens_total)."""
 
     def job_tokens(self, job: PrefillJob) -> int:
         return self.engine.tokens(job.work)
@@ -107,6 +110,8 @@ async def _prefill(request: web.Request) -> web.Response:
     job = PrefillJob(rid, work, target, asyncio.get_running_loop().create_future())
     job.queued_at = state.clock.now()
     result = await state.run_job(job)
+    if "error" not in result:
+        state.prompt_tokens += state.job_tokens(job)
     return web.json_response(result, status=200 if "error" not in result else 502)
 
 
@@ -131,6 +136,17 @@ async def create_app(
     app.router.add_post("/targets", targets_handler(STATE))
     app.router.add_get("/stats", _stats)
     app.router.add_get("/health", health)
+    add_metrics_route(
+        app,
+        worker_registry(
+            lambda: worker_samples(
+                state.queue_stats(),
+                model=spec.model,
+                byte_scale=spec.byte_scale,
+                tokens=state.prompt_tokens,
+            )
+        ),
+    )
     worker = asyncio.get_running_loop().create_task(state.worker())
 
     async def _shutdown(_app: web.Application) -> None:

@@ -82,6 +82,10 @@ class ServiceSpec(BaseModel):
     """TEST-ONLY, never set by a scenario: prefill answers every request with an error at once
     (nothing computed, no KV sent): a deployment that cannot serve, so the chaos tests can show
     every scenario's own checkers catching it (tests/chaos/test_broken_variants.py)."""
+    flush_interval_s: float = Field(0.05, ge=0)
+    """decode, emulated engine: wall seconds of tokens the batcher coalesces into one streamed
+    chunk; 0 streams every step's token as it is produced (`testbed up`, so a client's
+    inter-token latency is the engine's)."""
     initial_role: Literal["prefill", "decode"] = "decode"
     """pd only: the role a switchable PD instance serves first."""
     role_switch_s: float = Field(5.0, ge=0)

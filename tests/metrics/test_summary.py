@@ -71,7 +71,9 @@ def test_counts_rates_and_failures() -> None:
 
 def test_latency_statistics_over_completed_requests() -> None:
     s = summary()
-    assert s["ttft_s"] == pytest.approx({"mean": 16 / 6, "p50": 2.5, "p90": 4.5, "p99": 4.95})
+    ttft = {k: s["ttft_s"][k] for k in ("mean", "p50", "p90", "p99")}
+    assert ttft == pytest.approx({"mean": 16 / 6, "p50": 2.5, "p90": 4.5, "p99": 4.95})
+    assert s["ttft_ms"]["p90"] == pytest.approx(4500.0)
     assert s["tpot_s"]["p50"] == pytest.approx(0.1)
     assert s["tpot_s"]["mean"] == pytest.approx((0.1 * 4 + 0.104 + 0.2) / 6)
     assert s["e2e_s"]["p50"] == pytest.approx(3.5)

@@ -87,7 +87,7 @@ class EmulatedDecode:
 
     def __init__(self, spec: ServiceSpec, clock: Clock, bs_max: int) -> None:
         profile = MODELS[spec.model].decode[spec.hardware]
-        self.batcher = DecodeBatcher(profile.step_time, bs_max, clock)
+        self.batcher = DecodeBatcher(profile.step_time, bs_max, clock, spec.flush_interval_s)
 
     def active(self) -> int:
         return len(self.batcher.active)

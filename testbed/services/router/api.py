@@ -1,9 +1,10 @@
 """The router's HTTP API: the aiohttp app over the dispatcher (services.router.dispatch).
 
 `POST /generate` (NDJSON stream: `{"tokens": n}` lines, then `{"record": {...}}`),
-`POST /v1/completions` (OpenAI-compatible: services.router.openai), `GET /history` (every
-record), `GET /stats` (load, policy inputs, scheduler state), `GET /events` (the scheduler's
-event stream: services.router.follow), `GET /health`.
+`POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models` (OpenAI-compatible:
+services.router.openai), `GET /history` (every record), `GET /stats` (load, policy inputs,
+scheduler state), `GET /events` (the scheduler's event stream: services.router.follow),
+`GET /metrics` (Prometheus: metrics.prometheus), `GET /health`.
 """
 
 from __future__ import annotations
@@ -11,23 +12,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from testbed.kvcache import BLOCK_TOKENS
+from testbed.metrics.prometheus import Sample, SampleCollector
+from testbed.services.exposition import add_metrics_route
 from testbed.services.router.dispatch import RouterState
 from testbed.services.router.follow import FOLLOWERS, Follower, events
 from testbed.services.router.intake import (
     STATE,
-    api_error,
     claim,
+    hash_ids_field,
     positive_int,
     read_body,
     token_sink,
 )
-from testbed.services.router.openai import MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS, completions
+from testbed.services.router.openai import (
+    MAX_INPUT_TOKENS,
+    MAX_OUTPUT_TOKENS,
+    chat_completions,
+    completions,
+    models,
+)
 from testbed.services.router.workers import Workers
 from testbed.services.spec import ServiceSpec
 from testbed.services.validate import health, json_errors
@@ -42,7 +49,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     body = await read_body(request)
     input_tokens = positive_int(body, "input_tokens", MAX_INPUT_TOKENS)
     output_tokens = positive_int(body, "output_tokens", MAX_OUTPUT_TOKENS)
-    hash_ids = _hash_ids(body, input_tokens)
+    hash_ids = hash_ids_field(body, input_tokens)
     rid = claim(state, body)  # last: a request refused for bad fields does not use up its id
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await resp.prepare(request)
@@ -51,25 +58,6 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionResetError):
         await resp.write((json.dumps({"record": rec.to_json()}) + "\n").encode())
     return resp
-
-
-def _hash_ids(body: dict[str, Any], input_tokens: int) -> tuple[int, ...]:
-    """The optional `hash_ids` of a Mooncake-style request: one id per 512-token block of the
-    prompt (the last may be partial), so at most ceil(input_tokens / 512) signed 64-bit ints.
-    Checked before the response starts, so a bad list is a 400, not a failed request."""
-    value = body.get("hash_ids")
-    if value is None:
-        return ()
-    limit = -(-input_tokens // BLOCK_TOKENS)
-    if not isinstance(value, list) or len(value) > limit:
-        raise api_error(
-            f"hash_ids must be a list of at most ceil(input_tokens / 512) = {limit} ints"
-        )
-    if not all(
-        isinstance(h, int) and not isinstance(h, bool) and -(2**63) <= h < 2**63 for h in value
-    ):
-        raise api_error("hash_ids must hold only integers (signed 64-bit)")
-    return tuple(value)
 
 
 async def _history(request: web.Request) -> web.Response:
@@ -108,6 +96,35 @@ async def _stats(request: web.Request) -> web.Response:
     )
 
 
+def _samples(state: RouterState) -> list[Sample]:
+    """The router's scrape-time series: the scheduler's inputs to the policy."""
+    sched = state.scheduler
+    out = [
+        Sample("testbed_requests_in_flight", "gauge", "Requests the router is serving.",
+               float(state.in_flight)),
+        Sample("testbed_bandwidth_scarce", "gauge",
+               "1 when the scheduler judges the link's bandwidth scarce.",
+               1.0 if sched.scarce else 0.0),
+        Sample("testbed_instances_draining", "gauge", "Instances being drained.",
+               float(len(sched.draining))),
+        Sample("testbed_scheduler_events_total", "counter", "Scheduler events so far.",
+               float(sched.seq)),
+    ]  # fmt: skip
+    if sched.threshold is not None:
+        out.append(
+            Sample("testbed_threshold_tokens", "gauge",
+                   "Routing threshold t: longer uncached prompts go to PrfaaS.",
+                   float(sched.threshold))
+        )  # fmt: skip
+    if sched.bandwidth_estimate_gbps is not None:
+        out.append(
+            Sample("testbed_link_bandwidth_estimate_gbps", "gauge",
+                   "The scheduler's estimate of the link's bandwidth (real-world Gbit/s).",
+                   float(sched.bandwidth_estimate_gbps))
+        )  # fmt: skip
+    return out
+
+
 async def create_app(
     spec: ServiceSpec, workers: Workers | None = None
 ) -> tuple[web.Application, dict[str, int]]:
@@ -118,6 +135,10 @@ async def create_app(
     app[FOLLOWERS] = set[Follower]()
     app.router.add_post("/generate", _generate)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    state.metrics.registry.register(SampleCollector(lambda: _samples(state)))
+    add_metrics_route(app, state.metrics.registry)
     app.router.add_get("/history", _history)
     app.router.add_get("/stats", _stats)
     app.router.add_get("/events", events)

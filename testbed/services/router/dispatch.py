@@ -21,7 +21,8 @@ import aiohttp
 
 from testbed.clock import LiveClock, Scale
 from testbed.kvcache.manager import CacheLookup, CachePlan, KVCacheManager, plan_request
-from testbed.metrics.records import RequestRecord
+from testbed.metrics.prometheus import RouterMetrics
+from testbed.metrics.records import RequestRecord, TokenTimer
 from testbed.policy import make_policy
 from testbed.policy.base import InstanceLoad, RequestView, Route, Snapshot
 from testbed.profiles import MODELS
@@ -88,6 +89,8 @@ class RouterState:
             else None
         )
         self.records: list[RequestRecord] = []
+        self.live: dict[str, RequestRecord] = {}
+        """Records of the requests in flight, by id (the OpenAI stream reads their tokens)."""
         self.in_flight = 0
         self._ids = itertools.count(1)
         self.ids: set[str] = set()
@@ -106,6 +109,8 @@ class RouterState:
         """Block hash ids of the requests in flight (by request id), for the cache lookups."""
         self.health_interval_s = HEALTH_INTERVAL_S
         self.no_route_wait_s = NO_ROUTE_WAIT_S
+        self.metrics = RouterMetrics(spec.model, spec.byte_scale)
+        """The router's Prometheus series (metrics.prometheus), served at /metrics."""
 
     @property
     def workers(self) -> Workers:
@@ -208,18 +213,34 @@ class RouterState:
         output_tokens: int,
         on_tokens: TokenSink,
         hash_ids: tuple[int, ...] = (),
+        arrival: float | None = None,
     ) -> RequestRecord:
+        """Run one request; `arrival` is when the router received it (default: now), so the
+        time spent reading and tokenizing a text prompt counts in its TTFT as a client sees."""
         rec = RequestRecord(
             id=rid,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
-            arrival=self.clock.now(),
+            arrival=self.clock.now() if arrival is None else arrival,
         )
         if hash_ids:
             self.hash_ids[rid] = hash_ids
         self.in_flight += 1
+        self.live[rid] = rec
+        timer = TokenTimer()  # inter-token gaps as the client gets them (records, /metrics)
+        self.metrics.taken(input_tokens)
+
+        async def timed(n: int) -> None:
+            gap = timer.add(self.clock.now(), n)
+            if gap is None:
+                self.metrics.first_token()
+            else:
+                self.metrics.gap(gap, n)
+            self.metrics.tokens(n)
+            await on_tokens(n)
+
         try:
-            await self._run(rec, on_tokens)
+            await self._run(rec, timed)
             rec.status = "completed"
         except RequestError as exc:
             rec.status, rec.failure_reason = "failed", str(exc)
@@ -231,6 +252,9 @@ class RouterState:
         finally:
             self.in_flight -= 1
             self.hash_ids.pop(rid, None)
+            self.live.pop(rid, None)
+            timer.write(rec)
+            self.metrics.finished(rec, started=timer.chunks > 0)
             self.records.append(rec)
         return rec
 

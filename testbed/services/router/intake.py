@@ -11,12 +11,21 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from testbed.kvcache import BLOCK_TOKENS
 from testbed.services.router.dispatch import RouterState
 from testbed.services.router.errors import ClientGone
 from testbed.services.router.steps import TokenSink
 from testbed.services.validate import int_field, json_body
 
-__all__ = ["STATE", "api_error", "claim", "positive_int", "read_body", "token_sink"]
+__all__ = [
+    "STATE",
+    "api_error",
+    "claim",
+    "hash_ids_field",
+    "positive_int",
+    "read_body",
+    "token_sink",
+]
 
 STATE = web.AppKey("state", RouterState)
 
@@ -62,3 +71,22 @@ def token_sink(resp: web.StreamResponse, encode: Callable[[int], bytes]) -> Toke
             raise ClientGone(str(exc)) from None
 
     return on_tokens
+
+
+def hash_ids_field(body: dict[str, Any], input_tokens: int) -> tuple[int, ...]:
+    """The optional `hash_ids` of a Mooncake-style request: one id per 512-token block of the
+    prompt (the last may be partial), so at most ceil(input_tokens / 512) signed 64-bit ints.
+    Checked before the response starts, so a bad list is a 400, not a failed request."""
+    value = body.get("hash_ids")
+    if value is None:
+        return ()
+    limit = -(-input_tokens // BLOCK_TOKENS)
+    if not isinstance(value, list) or len(value) > limit:
+        raise api_error(
+            f"hash_ids must be a list of at most ceil(input_tokens / 512) = {limit} ints"
+        )
+    if not all(
+        isinstance(h, int) and not isinstance(h, bool) and -(2**63) <= h < 2**63 for h in value
+    ):
+        raise api_error("hash_ids must hold only integers (signed 64-bit)")
+    return tuple(value)

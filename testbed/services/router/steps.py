@@ -99,6 +99,8 @@ async def stream_decode(
                 generated += int(doc["tokens"])
                 if generated > rec.tokens_out:
                     new = generated - rec.tokens_out
+                    if isinstance(doc.get("ids"), list):  # engine: torch: the ids so far
+                        rec.output_ids = [*(rec.output_ids or []), *doc["ids"][-new:]]
                     rec.tokens_out = generated
                     await on_tokens(new)
             elif doc.get("done"):

@@ -1,0 +1,237 @@
+"""NVIDIA AIPerf against `testbed up`: do an outside benchmark client and the testbed agree?
+
+Creates .venv-aiperf (AIPerf pins its own prometheus-client and pulls in transformers, so it
+lives apart from the project's .venv; `make aiperf` runs this script), stands up
+scenarios/burst.yaml with `testbed up --no-faults` (time_scale 1), and runs AIPerf twice with the
+shipped tokenizer (testbed/data/tokenizer), streaming, server-metrics collection on:
+
+  (a) synthetic prompts on /v1/chat/completions (--isl, --osl, --concurrency, --requests);
+  (b) AIPerf's Mooncake-trace dataset mode on scenarios/traces/mooncake-small.jsonl on
+      /v1/completions, replayed on the trace's own timestamps (--trace-requests of them).
+
+Then it stops the deployment (SIGINT), reads the testbed's requests.jsonl, takes each phase's
+requests (the router's /history between the phases) and prints, per phase, AIPerf's TTFT and
+ITL p50/p90 next to the testbed's own records of the same requests, and whether AIPerf's
+server-metrics export found our vLLM-named series. Exit 1 if a figure differs by more than 5%.
+
+Usage: python bench/aiperf_drive.py [--out results/aiperf] [--requests 60] [--trace-requests 150]
+Takes about 4 minutes on 2 cores (plus the one-time AIPerf install).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = ROOT / ".venv-aiperf"
+AIPERF_PIN = "aiperf==0.13.0"
+TOKENIZER = ROOT / "testbed" / "data" / "tokenizer"
+TRACE = ROOT / "scenarios" / "traces" / "mooncake-small.jsonl"
+TOLERANCE = 0.05
+
+
+def ensure_aiperf() -> Path:
+    exe = VENV / "bin" / "aiperf"
+    if not exe.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+        pip = [str(VENV / "bin" / "python"), "-m", "pip", "install", "-q"]
+        subprocess.run([*pip, "--upgrade", "pip"], check=True)
+        subprocess.run([*pip, AIPERF_PIN], check=True)
+    return exe
+
+
+HUB_NAME = "prfaas-testbed/tokenizer-512"
+"""The name the shipped tokenizer goes by in the private hub cache `hub_cache` lays out."""
+
+
+def hub_cache(out: Path) -> Path:
+    """The shipped tokenizer laid out as a Hugging Face hub cache entry (no network).
+
+    AIPerf 0.13's prompt-synthesis workers (Mooncake hash_ids) run with HF_HUB_OFFLINE=1 and
+    then resolve every tokenizer name through the hub cache, which refuses a filesystem path;
+    so AIPerf gets the tokenizer by a hub name whose cache entry is the shipped directory's
+    files, and runs offline throughout."""
+    cache = out / "hf-cache"
+    entry = cache / ("models--" + HUB_NAME.replace("/", "--"))
+    commit = "0" * 40
+    snap = entry / "snapshots" / commit
+    snap.mkdir(parents=True, exist_ok=True)
+    for f in TOKENIZER.iterdir():
+        (snap / f.name).write_bytes(f.read_bytes())
+    (entry / "refs").mkdir(exist_ok=True)
+    (entry / "refs" / "main").write_text(commit)
+    return cache
+
+
+def start_up(out: Path) -> tuple[subprocess.Popen[str], str]:
+    testbed = Path(sys.executable).parent / "testbed"
+    cmd = [str(testbed), "up", str(ROOT / "scenarios" / "burst.yaml"), "--no-faults"]
+    cmd += ["--out", str(out / "testbed")]
+    log = (out / "testbed-up.log").open("w")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    banner = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"testbed up ended early; see {out}/testbed-up.log")
+        banner.append(line)
+        print("  " + line.rstrip())
+        if line.startswith("serving at"):
+            break
+    m = re.search(r"OpenAI base URL:\s+(\S+)/v1", "".join(banner))
+    if m is None:
+        raise SystemExit("no OpenAI base URL in the banner")
+    return proc, m.group(1)
+
+
+def history_ids(router: str) -> list[str]:
+    with urllib.request.urlopen(f"{router}/history", timeout=30) as resp:
+        return [r["id"] for r in json.load(resp)]
+
+
+def aiperf(exe: Path, router: str, art: Path, extra: list[str]) -> None:
+    cmd = [
+        str(exe), "profile", "--model", "internal-1t-hybrid", "--tokenizer", HUB_NAME,
+        "--url", router, "--streaming", "--artifact-dir", str(art), "--ui", "none",
+        "--random-seed", "7", *extra,
+    ]  # fmt: skip
+    print("  $ " + " ".join(cmd[1:]))
+    env = {
+        **os.environ,
+        "HF_HUB_CACHE": str(hub_cache(art.parent)),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    with (art.parent / f"{art.name}.log").open("w") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def aiperf_stats(art: Path) -> dict[str, dict[str, float]]:
+    """AIPerf's summary (profile_export_aiperf.json): TTFT and ITL percentiles, in ms."""
+    doc = json.loads(next(art.rglob("profile_export_aiperf.json")).read_text())
+    metrics = doc.get("records", doc)
+    out = {}
+    for key in ("time_to_first_token", "inter_token_latency"):
+        m = metrics[key]
+        out[key] = {"p50": float(m["p50"]), "p90": float(m["p90"]), "n": float(m.get("count", 0))}
+    return out
+
+
+def testbed_stats(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """The testbed's own records of the same requests, the same statistics, in ms."""
+
+    def pct(values: list[float]) -> dict[str, float]:
+        a = np.asarray(values) * 1000.0
+        return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
+                "n": float(len(a))}  # fmt: skip
+
+    done = [r for r in records if r["status"] == "completed"]
+    ttft = [r["first_token"] - r["arrival"] for r in done]
+    itl = [
+        (r["last_token"] - r["first_token"]) / (r["tokens_out"] - 1)
+        for r in done
+        if r["tokens_out"] > 1
+    ]
+    return {"time_to_first_token": pct(ttft), "inter_token_latency": pct(itl)}
+
+
+def server_metrics(art: Path) -> list[str]:
+    """vLLM-named series AIPerf's server-metrics export found at our /metrics."""
+    names: set[str] = set()
+    for f in art.rglob("server_metrics_export*.json"):
+        names.update(re.findall(r"vllm:[a-z0-9_]+", f.read_text()))
+    return sorted(names)
+
+
+def table(title: str, ours: dict[str, Any], theirs: dict[str, Any]) -> tuple[str, bool]:
+    rows = [f"**{title}**", "", "| metric | AIPerf (ms) | testbed records (ms) | difference |",
+            "|---|---|---|---|"]  # fmt: skip
+    ok = True
+    for key, label in (("time_to_first_token", "TTFT"), ("inter_token_latency", "ITL")):
+        for p in ("p50", "p90"):
+            a, b = theirs[key][p], ours[key][p]
+            diff = abs(a - b) / b if b else float("inf")
+            ok &= diff <= TOLERANCE
+            rows.append(f"| {label} {p} | {a:.1f} | {b:.1f} | {diff * 100:.1f}% |")
+    n = (int(theirs["time_to_first_token"]["n"]), int(ours["time_to_first_token"]["n"]))
+    rows.append(f"\nrequests: AIPerf {n[0]}, testbed {n[1]}")
+    return "\n".join(rows), ok
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "aiperf")
+    parser.add_argument("--requests", type=int, default=60)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--isl", type=int, default=2000)
+    parser.add_argument("--osl", type=int, default=64)
+    parser.add_argument("--trace-requests", type=int, default=150)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    exe = ensure_aiperf()
+    trace = args.out / "mooncake-head.jsonl"
+    lines = TRACE.read_text().splitlines()[: args.trace_requests]
+    trace.write_text("\n".join(lines) + "\n")
+    proc, router = start_up(args.out)
+    phases: dict[str, list[str]] = {}
+    try:
+        seen = set(history_ids(router))
+        aiperf(exe, router, args.out / "synthetic", [
+            "--endpoint-type", "chat", "--isl", str(args.isl), "--osl", str(args.osl),
+            "--concurrency", str(args.concurrency), "--request-count", str(args.requests),
+        ])  # fmt: skip
+        ids = history_ids(router)
+        phases["synthetic"] = [i for i in ids if i not in seen]
+        seen.update(ids)
+        aiperf(exe, router, args.out / "mooncake", [
+            "--endpoint-type", "completions", "--input-file", str(trace),
+            "--custom-dataset-type", "mooncake_trace", "--fixed-schedule",
+        ])  # fmt: skip
+        phases["mooncake"] = [i for i in history_ids(router) if i not in seen]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=180)
+    recs = _records(args.out / "testbed" / "requests.jsonl")
+    ok = True
+    report = []
+    for name, ids in phases.items():
+        text, good = table(
+            f"({'a' if name == 'synthetic' else 'b'}) {name}",
+            testbed_stats([recs[i] for i in ids if i in recs]),
+            aiperf_stats(args.out / name),
+        )
+        found = server_metrics(args.out / name)
+        text += f"; AIPerf server metrics found {len(found)} vllm: series ({', '.join(found)})"
+        ok &= good and bool(found)
+        report.append(text)
+    print("\n\n".join(report))
+    (args.out / "comparison.md").write_text("\n\n".join(report) + "\n")
+    print(f"\nwithin {TOLERANCE:.0%}: {'yes' if ok else 'NO'}; artifacts in {args.out}")
+    return 0 if ok else 1
+
+
+def _records(path: Path) -> dict[str, dict[str, Any]]:
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            out[r["id"]] = r
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

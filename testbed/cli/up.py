@@ -1,0 +1,105 @@
+"""`testbed up SCENARIO.yaml`: stand the scenario's deployment up for outside clients until
+Ctrl-C or SIGTERM, then write the usual results (scenario.standing)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from testbed.cli.run import add_percentiles
+from testbed.errors import UserError
+from testbed.metrics.summary import to_text
+from testbed.scenario.library import resolve_scenario
+from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.schema import load_scenario
+from testbed.scenario.standing import Endpoints, at_time_scale, stand_up
+from testbed.services.router.text import TOKENIZER_DIR
+from testbed.substrate import SUBSTRATES
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError("must be a finite number greater than zero")
+    return v
+
+
+def _banner(ep: Endpoints, time_scale: float) -> None:
+    lines = [
+        f"OpenAI base URL:  {ep.openai_base}",
+        f"tokenizer:        {TOKENIZER_DIR}",
+        f"link API:         {ep.link_api or '- (no link in this deployment)'}",
+        *(f"metrics {sid}: {url}" for sid, url in ep.metrics.items()),
+        f"serving at time_scale {time_scale:g}; Ctrl-C or SIGTERM stops and writes results",
+    ]
+    print("\n".join(lines), flush=True)
+
+
+def _up(args: argparse.Namespace) -> int:
+    if args.substrate not in SUBSTRATES:
+        raise UserError(f"substrate {args.substrate!r} is not available; use 'local' or 'compose'")
+    scenario = load_scenario(resolve_scenario(args.scenario))
+    out = Path(args.out) if args.out else Path("results") / f"{scenario.name}-up"
+    opts = RunOptions(
+        substrate=args.substrate,
+        policy=args.policy,
+        out_dir=out,
+        progress=False,
+        percentiles=args.percentiles,
+    )
+    time_scale = args.time_scale if args.time_scale is not None else 1.0
+    rp = at_time_scale(prepare_run(scenario, opts), time_scale)
+    if time_scale != 1.0:
+        print(
+            f"testbed: warning: time_scale {time_scale:g}: the deployment runs {time_scale:g}x "
+            "faster than real time, so latencies a client measures are real-world latencies "
+            f"divided by {time_scale:g} (the results and /metrics are in real-world units)",
+            file=sys.stderr,
+        )
+    faults = "no faults" if args.no_faults else f"{len(rp.faults)} faults on its timeline"
+    print(
+        f"testbed: {scenario.name}: {rp.policy} on {rp.deployment_name} "
+        f"({rp.deployment.prfaas.instances if rp.deployment.prfaas else 0} PrfaaS + "
+        f"{rp.n_prefill} PD-P + {rp.n_decode} PD-D), {faults}; starting...",
+        file=sys.stderr,
+    )
+    result = asyncio.run(
+        stand_up(rp, opts, faults=not args.no_faults, on_ready=lambda e: _banner(e, time_scale))
+    )
+    print(to_text(result.summary))
+    for check in result.checks:
+        shown = {"ok": "ok", "failed": "FAILED", "vacuous": "VACUOUS"}[check.verdict]
+        print(f"check {check.name}: {shown} - {check.detail}")
+    print(f"results: {out}/ (requests.jsonl, summary.json, report.md, timeline.png)")
+    return result.exit_code
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "up",
+        help="stand a scenario's deployment up for outside clients until Ctrl-C",
+        description="Start the scenario's deployment and serve the OpenAI API (completions, "
+        "chat completions, models) and Prometheus /metrics until Ctrl-C or SIGTERM, playing "
+        "the scenario's faults; then write requests.jsonl, summary.json, report.md, "
+        "timeline.png and the checkers' verdicts for every request any client sent.",
+    )
+    p.add_argument("scenario", help="scenario YAML file, or a library name")
+    p.add_argument("--substrate", default="local", choices=list(SUBSTRATES))
+    p.add_argument("--policy", help="routing policy (default: the scenario's)")
+    p.add_argument(
+        "--time-scale",
+        type=_positive_float,
+        metavar="K",
+        help="run K times faster than real time (default 1, whatever the scenario says: "
+        "clients then measure real-world latency directly)",
+    )
+    p.add_argument("--no-faults", action="store_true", help="do not play the nemesis timeline")
+    p.add_argument("--out", metavar="DIR", help="results directory (default: results/NAME-up)")
+    add_percentiles(p)
+    p.set_defaults(func=_up)
