@@ -135,12 +135,12 @@ def cell_scenario(cell: Cell, base: dict[str, Any] | None = None) -> Scenario:
         raise UserError(f"{exc} (with --set {shown})") from None
 
 
-def _completion_rate(records: Iterable[RequestRecord], lo: float, hi: float) -> float:
+def completion_rate(records: Iterable[RequestRecord], lo: float, hi: float) -> float:
     ends = sorted(r.last_token for r in records if r.status == "completed" and r.last_token)
     return (bisect.bisect_right(ends, hi) - bisect.bisect_left(ends, lo)) / (hi - lo)
 
 
-def _simulate(scenario: Scenario) -> tuple[Any, dict[str, Any], list[RequestRecord]]:
+def simulate_scenario(scenario: Scenario) -> tuple[Any, dict[str, Any], list[RequestRecord]]:
     opts = RunOptions(substrate="sim", out_dir=Path("unused"), progress=False)
     rp = prepare_run(scenario, opts)
     out = simulate(sim_inputs(rp, opts))
@@ -157,7 +157,7 @@ def _simulate(scenario: Scenario) -> tuple[Any, dict[str, Any], list[RequestReco
 def run_cell(cell: Cell) -> dict[str, Any]:
     """Simulate one cell (and its saturation run); a row of the sweep's table."""
     scenario = cell_scenario(cell)
-    rp, s, _ = _simulate(scenario)
+    rp, s, _ = simulate_scenario(scenario)
     plan = rp.plan
     row: dict[str, Any] = dict(cell.settings)
     row.update(
@@ -189,9 +189,9 @@ def run_cell(cell: Cell) -> dict[str, Any]:
                 "checkers": [],
             }
         )
-        rp_sat, _, records = _simulate(sat)
+        rp_sat, _, records = simulate_scenario(sat)
         lo, hi = rp_sat.duration_s / 6, rp_sat.duration_s
-        rate = _completion_rate(records, lo, hi)
+        rate = completion_rate(records, lo, hi)
         gap = rate / plan.lambda_max_rps - 1 if plan.lambda_max_rps else None
         row.update(
             {
