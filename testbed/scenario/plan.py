@@ -170,11 +170,12 @@ def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
             "only the testbed's own policies (docs/extending.md)"
         )
     name, dep = _pick_deployment(scenario, policy)
-    kind = get_policy(policy).deployment_kind
-    if dep.kind != kind:
+    facts = get_policy(policy)
+    if facts.needs_threshold and dep.kind != "prfaas-pd":
+        # no threshold is planned there, and the policy would fail every decision for want of one
         raise UserError(
-            f"policy {policy!r} runs on a {kind} deployment; deployment {name!r} is {dep.kind} "
-            "(pick a policy for it, e.g. the deployment kind's own baseline)"
+            f"policy {policy!r} routes by a threshold and runs on a prfaas-pd deployment; "
+            f"deployment {name!r} is {dep.kind} (pick a policy for it, e.g. {dep.kind!r})"
         )
     if opts.shaper is not None:
         if dep.prfaas is None:

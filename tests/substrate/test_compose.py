@@ -202,7 +202,7 @@ async def test_chaos_kill_prefill_and_partition_loses_nothing(images: str, tmp_p
     try:
         await run.start()
         task = asyncio.create_task(nemesis())
-        await run.drive(lambda done, submitted: None)
+        await run.drive(lambda progress: None)
         await task
     finally:
         await run.shutdown()
