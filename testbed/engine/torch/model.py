@@ -12,10 +12,11 @@ Why the code is shaped like this, not just "a model":
 - Prefill runs layer by layer (all chunks through layer l, then layer l+1), so layer l's KV is
   final as soon as layer l is done and can be streamed while layer l+1 computes: the paper's
   layer-wise pipelining, with real tensors.
-- Prefill is chunked on absolute positions (multiples of `chunk_tokens`), and a decode step is a
-  chunk of one token. A prefill resumed from a cached block boundary therefore runs the very same
-  tensor operations, on the same shapes and the same bytes, as the tail of a cold prefill, so the
-  outputs are bit-identical by construction, not merely within a tolerance. Rotary angles come
+- Prefill is chunked on absolute positions (multiples of `chunk_tokens`). A prefill resumed from
+  a cached block boundary therefore runs the very same tensor operations, on the same shapes and
+  the same bytes, as the tail of a cold prefill, so the outputs are bit-identical by
+  construction, not merely within a tolerance. Decode is batched (engine.torch.batched): one
+  pass for a whole batch, built so a sequence gets the same bits in any batch. Rotary angles come
   from a table for the same reason (a vectorised cos and a scalar cos may differ in the last bit).
 - Nothing is modified in place, so states and caches can share tensors safely.
 """
@@ -173,23 +174,23 @@ class TinyHybridLM:
         run_state = self.new_state() if state is None else state.copy()
         return PrefillRun(self, toks, run_state, start, snapshot_at=snapshot_at)
 
-    def decode_step(self, state: KVState, token: int) -> int:
-        """Feed one token at position state.n_tokens (advancing state); return the next token."""
-        if state.n_tokens >= self.config.max_positions:
-            raise ValueError("context is full")
-        pos = state.n_tokens
-        h = self.embed[torch.tensor([int(token)])]
-        for layer in range(self.config.n_layers):
-            h = self._block(layer, h, state, pos)
-        state.n_tokens += 1
-        return self._greedy(h)
-
     def decode(self, state: KVState, first_token: int, max_new_tokens: int) -> list[int]:
-        """Greedy generation continuing from `state`: [first_token, ...], max_new_tokens long."""
+        """Greedy generation continuing from `state`: [first_token, ...], max_new_tokens long.
+
+        A decode batch of one (engine.torch.batched): the very pass a live decode instance runs
+        for a whole batch, so this single-process reference gives the bits a batched decode
+        gives. `state` itself is not modified (the batch copies it).
+        """
+        from testbed.engine.torch.batched import DecodeBatch
+
         out = [int(first_token)]
+        if max_new_tokens <= 1:
+            return out[:max_new_tokens]
+        batch = DecodeBatch(self)
+        row = batch.add(out, state, out[0])
         while len(out) < max_new_tokens:
-            out.append(self.decode_step(state, out[-1]))
-        return out[:max_new_tokens]
+            out.append(batch.step()[row])
+        return out
 
     # ------------------------------------------------------------------ internals
 
