@@ -54,6 +54,8 @@ def write_results(
         },
         "threshold_tokens": rp.threshold_tokens,
     }
+    if rp.calibration is not None:  # engine: torch: what this host computes, what k it allows
+        extra["calibration"] = rp.calibration
     summary = summarize(
         records,
         history,

@@ -30,14 +30,12 @@ in (`add`) and never aliased, so prefix caches and transfer buffers stay immutab
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
+from testbed.engine.torch.config import TinyConfig
 from testbed.engine.torch.kvstate import KVState
-
-if TYPE_CHECKING:
-    from testbed.engine.torch.model import TinyHybridLM
 
 __all__ = ["BLOCK", "ROWS", "DecodeBatch"]
 
@@ -47,6 +45,19 @@ BLOCK = 64
 """Tokens per cached latent block of a full-attention layer."""
 _EPS = 1e-6
 _GATE_BIAS = 3.0
+
+
+class _Model(Protocol):
+    """What a pass reads of `model.TinyHybridLM` (a protocol: model.py imports this module)."""
+
+    config: TinyConfig
+    dtype: torch.dtype
+    embed: torch.Tensor
+    mixers: list[Any]
+    mlps: list[Any]
+    head: torch.Tensor
+    _cos: torch.Tensor
+    _sin: torch.Tensor
 
 
 def _rms_norm(x: torch.Tensor) -> torch.Tensor:
@@ -60,7 +71,7 @@ def _l2_norm(x: torch.Tensor) -> torch.Tensor:
 class DecodeBatch:
     """Up to ROWS sequences decoding together; `step()` feeds each its next input token."""
 
-    def __init__(self, model: TinyHybridLM) -> None:
+    def __init__(self, model: _Model) -> None:
         self.model = model
         cfg = model.config
         self.dtype = model.dtype
@@ -87,7 +98,7 @@ class DecodeBatch:
         self._wuk: dict[int, torch.Tensor] = {}
         self._wuv: dict[int, torch.Tensor] = {}
         for i in self.latents:
-            wukv = model.mixers[i].wukv  # type: ignore[union-attr]
+            wukv = model.mixers[i].wukv
             self._wuk[i] = wukv[:, : hf * dn].reshape(dl, hf, dn).permute(1, 2, 0).contiguous()
             self._wuv[i] = wukv[:, hf * dn :].reshape(dl, hf, cfg.d_v).permute(1, 0, 2).contiguous()
 
