@@ -8,7 +8,7 @@ step runs late and the run measures the host, not the scheduler. So before a run
   lengths (compute plus serialization, as the prefill service does it) and a batched decode
   pass at a few context lengths (a pass costs the same for 1 and `batched.ROWS` requests). It
   keeps a high percentile, not the median: a step is late when *it* is slow. Results are cached
-  per model config, torch version and host (`cache_path`), so only the first run pays (a few seconds).
+  per model config, torch version and host (`cache_path`); only the first run pays (seconds).
 - `largest_time_scale` turns that into the largest time_scale at which every step the run will
   take (each prompt length on the hardware its route runs on, decode at the longest context)
   has `MARGIN` x its measured compute inside its budget, and names the step that limits it.
@@ -18,6 +18,7 @@ Torch-free at import: `measure` imports torch when it runs.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -34,6 +35,7 @@ from testbed.profiles import ModelProfile
 
 __all__ = [
     "MARGIN",
+    "RECALIBRATE_ENV",
     "Calibration",
     "TimeScaleChoice",
     "cache_path",
@@ -48,6 +50,8 @@ and decode processes share the CPU (with each other and whatever else runs), so 
 longer live than alone."""
 PREFILL_LENGTHS = (64, 512)
 DECODE_CONTEXTS = (64, 1024)
+RECALIBRATE_ENV = "TESTBED_RECALIBRATE"
+"""Set to 1 to measure again (the host's load changed) instead of reading the cache."""
 _PERCENTILE = 0.9
 _VERSION = 1
 
@@ -63,7 +67,7 @@ def _interpolate(points: dict[int, float], x: float) -> float:
     if len(xs) == 1:
         return points[xs[0]]
     lo, hi = (xs[0], xs[1]) if x <= xs[1] else (xs[-2], xs[-1])
-    for a, b in zip(xs, xs[1:], strict=False):
+    for a, b in itertools.pairwise(xs):
         if a <= x <= b:
             lo, hi = a, b
             break
@@ -183,6 +187,7 @@ def calibration_for(config: TinyConfig, *, refresh: bool = False) -> Calibration
     import torch
 
     path = cache_path(config, torch.__version__)
+    refresh = refresh or os.environ.get(RECALIBRATE_ENV, "") not in ("", "0")
     if not refresh and path.exists():
         try:
             cal = Calibration.from_json(json.loads(path.read_text()))
