@@ -88,6 +88,7 @@ class DecodeBatch:
             if kind == "linear"
         }
         self.blocks = 1
+        self._occupied = torch.zeros(1, dtype=torch.long)
         self.latents = {
             i: torch.zeros(self.blocks, ROWS, BLOCK, cfg.latent_width, dtype=self.dtype)
             for i, kind in enumerate(cfg.layer_kinds)
@@ -164,6 +165,7 @@ class DecodeBatch:
         pos = self.n.clone()
         self._grow(int(pos.max()) + 1)
         nb = math.ceil((int(pos.max()) + 1) / BLOCK)  # blocks any row needs this step
+        self._occupied = torch.tensor(live if live else [0], dtype=torch.long)
         h = model.embed[self.tokens]
         for layer in range(cfg.n_layers):
             x = _rms_norm(h)
@@ -220,24 +222,30 @@ class DecodeBatch:
         # absorbed: q_nope . (W_uk c) = (W_uk^T q_nope) . c, per head
         q_lat = torch.bmm(q[:, :, :dn].transpose(0, 1), self._wuk[layer]).transpose(0, 1)
         query = torch.cat([q_lat, q_rope], dim=-1) * (1.0 / math.sqrt(dn + dr))
-        ctx = buf[:nb]  # (blocks, rows, BLOCK, width): contiguous, one bmm shape per block
+        # Attention reads only the occupied rows (a long context in one row must not cost its
+        # blocks for all ROWS): bmm and the block reductions are per (row, block), so they do
+        # not depend on how many rows take part; exp runs on a multiple of 256 values.
+        occ = self._occupied
+        n_occ = int(occ.numel())
+        ctx = buf[:nb, occ]  # (blocks, occupied rows, BLOCK, width)
         scores = torch.bmm(
-            query.expand(nb, ROWS, hf, width).reshape(nb * ROWS, hf, width),
-            ctx.reshape(nb * ROWS, BLOCK, width).transpose(1, 2),
-        ).view(nb, ROWS, hf, BLOCK)
+            query[occ].expand(nb, n_occ, hf, width).reshape(nb * n_occ, hf, width),
+            ctx.view(nb * n_occ, BLOCK, width).transpose(1, 2),
+        ).view(nb, n_occ, hf, BLOCK)
         index = torch.arange(nb * BLOCK).view(nb, 1, 1, BLOCK)
-        scores = scores.masked_fill(index > pos.view(1, ROWS, 1, 1), float("-inf"))
+        scores = scores.masked_fill(index > pos[occ].view(1, n_occ, 1, 1), float("-inf"))
         top = scores.amax(-1).amax(0)  # (rows, heads); a max is exact in any order
         e = torch.exp(scores - top[None, :, :, None])
         part_sum = e.sum(-1)  # (blocks, rows, heads): one fixed-length reduction per block
         part_ctx = torch.bmm(
-            e.view(nb * ROWS, hf, BLOCK), ctx[..., :dl].reshape(nb * ROWS, BLOCK, dl)
-        ).view(nb, ROWS, hf, dl)
+            e.view(nb * n_occ, hf, BLOCK), ctx.view(nb * n_occ, BLOCK, width)
+        ).view(nb, n_occ, hf, width)
         total, acc = part_sum[0], part_ctx[0]
         for b in range(1, nb):  # block by block, in order: extra blocks add exact zeros
             total = total + part_sum[b]
             acc = acc + part_ctx[b]
-        attn = acc / total[:, :, None]  # (rows, heads, d_latent)
+        attn = torch.zeros(ROWS, hf, dl, dtype=self.dtype)
+        attn[occ] = acc[:, :, :dl] / total[:, :, None]  # (rows, heads, d_latent)
         out = torch.bmm(attn.transpose(0, 1), self._wuv[layer]).transpose(0, 1)
         return out.reshape(ROWS, hf * cfg.d_v) @ w.wo
 
