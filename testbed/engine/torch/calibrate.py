@@ -44,7 +44,7 @@ __all__ = [
     "measure",
 ]
 
-MARGIN = 2.0
+MARGIN = 3.0
 """A step's budget must be at least this many times its calibrated compute: the run's prefill
 and decode processes share the CPU (with each other and whatever else runs), so a step takes
 longer live than alone."""
