@@ -100,10 +100,14 @@ def main() -> None:
     rp = prepare_run(scenario, RunOptions(progress=False))
     cal = rp.calibration or {}
     print()
-    print(f"calibration ({cal.get('measured')}): prefill layer ms by prompt tokens "
-          f"{cal.get('prefill_layer_ms')}, decode pass ms by context {cal.get('decode_pass_ms')}")  # fmt: skip
-    print(f"real-model.yaml time_scale: auto -> {rp.scenario.scale.time_scale:g} "
-          f"(margin {cal.get('margin')}x; limited by {cal.get('limited_by')})")  # fmt: skip
+    print(
+        f"calibration ({cal.get('measured')}): prefill layer ms by prompt tokens "
+        f"{cal.get('prefill_layer_ms')}, decode pass ms by context {cal.get('decode_pass_ms')}"
+    )
+    print(
+        f"real-model.yaml time_scale: auto -> {rp.scenario.scale.time_scale:g} "
+        f"(margin {cal.get('margin')}x; limited by {cal.get('limited_by')})"
+    )
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
 
