@@ -48,9 +48,12 @@ def test_largest_time_scale_is_the_tightest_step_with_its_margin() -> None:
     assert "decode step of batch 1" in c.limit
     # a slower host gets a smaller time_scale
     slow = largest_time_scale(_cal(20, 0.1), PROFILE, 8, [("h200x8", 300)], "h20x8", 20, 400, 32)
-    assert slow.largest < largest_time_scale(
-        _cal(10, 0.1), PROFILE, 8, [("h200x8", 300)], "h20x8", 20, 400, 32
-    ).largest
+    assert (
+        slow.largest
+        < largest_time_scale(
+            _cal(10, 0.1), PROFILE, 8, [("h200x8", 300)], "h20x8", 20, 400, 32
+        ).largest
+    )
 
 
 def _fixed_calibration(monkeypatch: pytest.MonkeyPatch, cal: Calibration) -> None:
