@@ -220,7 +220,7 @@ def _floor2(x: float) -> float:
     if x <= 0:
         return 0.0
     step = 10 ** (math.floor(math.log10(x)) - 1)
-    return math.floor(x / step + 1e-9) * step
+    return round(math.floor(x / step + 1e-9) * step, 12)  # 0.41, not 0.41000000000000003
 
 
 def largest_time_scale(
