@@ -10,9 +10,14 @@ Token-exact by construction, whatever the batch, the row, or the other sequences
   matmul has the same M whether one or 32 sequences decode. BLAS results for a row can depend
   on M (measured: 3 of 32 values of M change some bits of a 64x258 product on this host); with M
   fixed they depend only on the row's own data. A batch larger than ROWS runs as several passes.
-- **No scalar tails.** Every elementwise op runs on ROWS x (per-row size) values, a multiple of
-  32, so the vectorized kernels never hand a remainder to their scalar twins (a vector and a
-  scalar sigmoid differ in the last bit), and no row's values depend on where the row sits.
+- **No scalar tails.** Every transcendental elementwise op runs on a multiple of 32 values
+  (ROWS x the per-row size; attention's exp on blocks x rows x heads x BLOCK), so the vectorized
+  kernels never hand a remainder to their scalar twins (a vector and a scalar sigmoid differ in
+  the last bit), and no row's values depend on where the row sits. (+, -, x, / are correctly
+  rounded either way.)
+- **Attention over the occupied rows only**, so one long context does not cost its blocks for
+  all ROWS rows: bmm and the block reductions work per (row, block), independent of how many
+  rows take part (bmm results do not depend on the batch count; measured and tested).
 - **Ragged contexts in fixed blocks.** Full-attention rows are cached in blocks of `BLOCK`
   tokens; scores and the attention-weighted sums are computed per block (one shape per block,
   batched over blocks: bmm results do not depend on the batch count) and then added block by
