@@ -127,7 +127,11 @@ class TorchDecodeBatcher:
                     self.active.remove(slot)
                     self._release(slot)
                     slot.done.set()
-            self.passes = [b for b in self.passes if b.free_rows() < len(b.rows)]
+            # Passes left empty are dropped, but one is kept: a fresh pass allocates its tensors
+            # and its first step runs cold, which a step's budget should not pay for.
+            self.passes = [
+                b for i, b in enumerate(self.passes) if i == 0 or b.free_rows() < len(b.rows)
+            ]
             if not self.active:
                 self.wake.clear()
                 await self.wake.wait()
