@@ -26,6 +26,9 @@ ALLOWED_READS: dict[str, str] = {
     "engine/torch/verify.py": "builds verify-model's clock from its option (0: no pacing)",
     "cli/verify.py": "passes --time-scale to verify-model",
     "cli/run.py": "prints the scale in the run header",
+    "config/deployment.py": "ScaleConfig.resolved copies the byte_scale next to a new time_scale",
+    "engine/torch/live.py": "resolves time_scale: auto and compares a requested one with the "
+    "largest the calibration allows",
 }
 """Modules that read `time_scale` without computing with it, and why."""
 
