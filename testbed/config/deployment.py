@@ -58,7 +58,9 @@ class ScaleConfig(StrictModel):
     @model_validator(mode="wrap")
     @classmethod
     def _time_scale_auto(cls, data: Any, handler: ModelWrapValidatorHandler[ScaleConfig]) -> Any:
-        auto = isinstance(data, dict) and data.get("time_scale") == "auto"
+        if not isinstance(data, dict):  # an instance keeps its own flag
+            return handler(data)
+        auto = data.get("time_scale") == "auto"
         model = handler({**data, "time_scale": 1.0} if auto else data)
         model._auto = auto
         return model
