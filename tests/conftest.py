@@ -1,13 +1,13 @@
 """Suite-wide collection rules.
 
-The tiny-model tests (tests/engine/test_torch_model.py, test_torch_remote.py and
-tests/scenario/test_torch_live.py) import torch at module level and raise ImportError without it,
-on purpose: under `make test`, which installs the `model` extra, a missing torch must fail
-loudly. But pytest deselects by marker only after it has imported a module, so `make test-fast`
-and `make chaos` (which run `-m "... not model"` from a venv without torch) used to stop at
-collection with three errors. When torch is missing *and* the marker expression leaves the
-`model` tests out, those files are not collected at all; in every other case they are, and fail
-at import as before.
+The tiny-model tests (tests/engine/test_torch_model.py, test_torch_remote.py,
+test_torch_batched.py and tests/scenario/test_torch_live.py) import torch at module level and
+raise ImportError without it, on purpose: under `make test`, which installs the `model` extra, a
+missing torch must fail loudly. But pytest deselects by marker only after it has imported a
+module, so `make test-fast` and `make chaos` (which run `-m "... not model"` from a venv without
+torch) used to stop at collection with three errors. When torch is missing *and* the marker
+expression leaves the `model` tests out, those files are not collected at all; in every other
+case they are, and fail at import as before.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-NEEDS_TORCH = frozenset({"test_torch_model.py", "test_torch_remote.py", "test_torch_live.py"})
+NEEDS_TORCH = frozenset(
+    {"test_torch_model.py", "test_torch_remote.py", "test_torch_live.py", "test_torch_batched.py"}
+)
 """Test modules that import torch at module level (every test in them is marked `model`)."""
 
 

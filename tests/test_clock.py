@@ -28,6 +28,9 @@ ALLOWED_READS: dict[str, str] = {
     "cli/run.py": "prints the scale in the run header",
     "cli/up.py": "passes --time-scale to the standing deployment and prints it, with a warning",
     "scenario/standing.py": "replaces the scenario's time_scale (testbed up runs at 1 by default)",
+    "config/deployment.py": "ScaleConfig.resolved copies the byte_scale next to a new time_scale",
+    "engine/torch/live.py": "resolves time_scale: auto and compares a requested one with the "
+    "largest the calibration allows",
 }
 """Modules that read `time_scale` without computing with it, and why."""
 

@@ -118,7 +118,11 @@ FIELDS: dict[str, Tests] = {
         PREP + "test_checkers_are_refused_before_the_run_when_they_cannot_be_judged",
         "tests/checkers/test_checkers.py::test_summary_and_report_show_a_vacuous_check",
     ),
-    "ScaleConfig.time_scale": (EVERY_SPEC, LINK_SETUP),
+    "ScaleConfig.time_scale": (
+        EVERY_SPEC,
+        LINK_SETUP,
+        "tests/engine/test_torch_calibrate.py::test_auto_resolves_and_a_requested_time_scale_above_it_is_refused",
+    ),
     "ScaleConfig.byte_scale": (EVERY_SPEC, LINK_SETUP),
     # --- deployments
     "DeploymentConfig.kind": PREP + "test_kind_and_model_change_the_plan",

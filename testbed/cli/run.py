@@ -80,7 +80,7 @@ def _run(args: argparse.Namespace) -> int:
     rp = prepare_run(scenario, opts)
     if opts.substrate == "sim":
         return _simulate(rp, opts, started)
-    clock = LiveClock.paced(scenario.scale)
+    clock = LiveClock.paced(rp.scenario.scale)  # `time_scale: auto` resolved by prepare_run
     wall = clock.wall(rp.duration_s)
     rate = f"{rp.rate_rps:.2f} req/s" if rp.rate_rps else "trace timing"
     threshold = f", t={rp.threshold_tokens:.0f} tokens" if rp.threshold_tokens else ""
@@ -89,7 +89,7 @@ def _run(args: argparse.Namespace) -> int:
         f"({(rp.deployment.prfaas.instances if rp.deployment.prfaas else 0)} PrfaaS + "
         f"{rp.n_prefill} PD-P + {rp.n_decode} PD-D){threshold}; {len(rp.requests)} requests at "
         f"{rate} over {rp.duration_s:.0f}s real-world: arrivals take ~{wall:.0f}s wall at "
-        f"time_scale {clock.time_scale:g} (byte_scale {scenario.scale.byte_scale:g}), plus "
+        f"time_scale {clock.time_scale:g} (byte_scale {rp.scenario.scale.byte_scale:g}), plus "
         "start-up, the drain of what is in flight, and writing the results",
         file=sys.stderr,
     )

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    model_validator,
+)
 
 from testbed.config.base import Bandwidth, Duration, Size, StrictModel
 from testbed.profiles import HARDWARE, MODELS
@@ -42,7 +48,31 @@ class ScaleConfig(StrictModel):
     """
 
     time_scale: float = Field(1.0, gt=0)
+    """A number, or `auto` in a file (engine: torch only): the largest time_scale this host's
+    calibrated compute keeps up with, resolved by scenario.plan.prepare_run before anything
+    starts. Until then the field holds a placeholder and `auto` says so; it is stored as a
+    float so everything downstream of planning reads one type."""
     byte_scale: float = Field(1.0, gt=0)
+    _auto: bool = PrivateAttr(False)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _time_scale_auto(cls, data: Any, handler: ModelWrapValidatorHandler[ScaleConfig]) -> Any:
+        if not isinstance(data, dict):  # an instance keeps its own flag
+            return handler(data)
+        auto = data.get("time_scale") == "auto"
+        model = handler({**data, "time_scale": 1.0} if auto else data)
+        model._auto = auto
+        return model
+
+    @property
+    def auto(self) -> bool:
+        """True while `time_scale: auto` is unresolved (see `resolved`)."""
+        return self._auto
+
+    def resolved(self, time_scale: float) -> ScaleConfig:
+        """This scale with a concrete time_scale (what `auto` became)."""
+        return ScaleConfig(time_scale=time_scale, byte_scale=self.byte_scale)
 
 
 class LinkConfig(StrictModel):

@@ -114,6 +114,9 @@ class RunPlan:
     shift_rate_rps: float | None = None
     shaper_note: str | None = None
     """Which shaper caps the link and how, checked (testbed.substrate.shaper); None: no link."""
+    calibration: dict[str, Any] | None = None
+    """engine: torch: the host's calibrated compute and the time_scale it allows (the report
+    shows it); the scenario's scale holds the resolved time_scale."""
 
 
 @dataclass
@@ -239,9 +242,19 @@ def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
     requests = burst_requests(scenario, requests, rate, duration)
     if not requests:
         raise UserError("the workload produced no requests; raise the rate or the duration")
+    calibration: dict[str, Any] | None = None
     if dep.engine == "torch":  # before any process starts: one clear line, not a crashed worker
         live.check_live_run(
             opts.substrate, [(r.id, r.input_tokens, r.output_tokens) for r in requests]
+        )
+        scale, calibration = live.resolve_time_scale(
+            scenario.scale, dep, scenario.slo.tpot, threshold, requests
+        )
+        scenario = scenario.model_copy(update={"scale": scale})
+    elif scenario.scale.auto:
+        raise UserError(
+            "scale.time_scale: auto applies to engine: torch only (it calibrates the tiny "
+            "model's compute on this host); give a number"
         )
     n_prfaas = dep.prfaas.instances if dep.prfaas is not None else 0
     ids = instance_ids(n_prfaas, n_prefill, n_decode)
@@ -250,6 +263,7 @@ def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
         scenario, name, dep, policy, plan, threshold, n_prefill, n_decode, rate, duration, requests
     )
     rp.faults = faults
+    rp.calibration = calibration
     rp.shift_plan, rp.shift_rate_rps = shift_plan, shift_rate
     if dep.prfaas is not None:  # last: a tc preflight touches the kernel
         rp.shaper_note = preflight_shaper(opts.substrate, dep.link)

@@ -71,6 +71,8 @@ def write_results(
             argv=None,
         ),
     }
+    if rp.calibration is not None:  # engine: torch: what this host computes, what k it allows
+        extra["calibration"] = rp.calibration
     summary = summarize(
         records,
         history,

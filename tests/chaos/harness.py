@@ -46,7 +46,9 @@ def chaos_variant(name: str, **updates: object) -> Scenario:
     """The short version of scenarios/NAME.yaml (see the module docstring)."""
     sc = load_scenario(SCENARIOS / f"{name}.yaml")
     if name in TORCH_SCENARIOS:  # already tiny; its real tensors need byte_scale 1
-        return sc.model_copy(update=updates)
+        # its time_scale is calibrated (auto, often below 1 on a shared CPU): 8 s of arrivals
+        # (4 requests, both routes) keep the model tests short
+        return sc.model_copy(update={"duration": 8.0, **updates})
     # A bandwidth fault keeps its bite: the tiny deployment's PrfaaS cluster offers the link
     # less KV, so the link is cut in the same proportion.
     full = sc.deployments[sc.deployment] if sc.deployment else next(iter(sc.deployments.values()))

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _PRELUDE = "import sys; sys.modules['torch'] = None\n"
 
 # Modules of testbed.engine.torch that compute with tensors, hence may import torch.
-_TORCH_MODULES = {"model", "kvstate", "codec", "prefix", "engine", "verify"}
+_TORCH_MODULES = {"model", "kvstate", "codec", "prefix", "engine", "verify", "batched"}
 
 _SCRIPT = (
     _PRELUDE

@@ -153,11 +153,18 @@ class TorchDecodeEngine:
         return decode_layers(self.model.config, layers, prefix)
 
     async def generate(self, state: KVState, first_token: int, max_new_tokens: int) -> list[int]:
-        """[first_token, ...] greedy continuation, max_new_tokens long (state advances)."""
+        """[first_token, ...] greedy continuation, max_new_tokens long (a decode batch of one,
+        paced per step if asked; `state` is copied, not advanced)."""
+        from testbed.engine.torch.batched import DecodeBatch
+
         out = [int(first_token)]
+        if max_new_tokens <= 1:
+            return out[:max_new_tokens]
+        batch = DecodeBatch(self.model)
+        row = batch.add(out, state, out[0])
         while len(out) < max_new_tokens:
             started = time.monotonic()
-            out.append(self.model.decode_step(state, out[-1]))
+            out.append(batch.step()[row])
             if self.pacer is not None and self.budget is not None:
                 await self.pacer.pace("decode_step", started, self.budget.decode_step_s(1))
-        return out[:max_new_tokens]
+        return out

@@ -9,7 +9,9 @@ torch where it computes nothing (the router and the runner's planning step):
   request id, length) alone, so a run is reproducible and a checker can recompute, after the run,
   exactly the prompt the router sent, and compare the generated tokens with a single-process
   reference (`check_token_exact`);
-- one clear line when torch is missing (`require_torch`).
+- one clear line when torch is missing (`require_torch`);
+- a time_scale the host can honour (`resolve_time_scale`): `auto` becomes the largest the
+  calibrated compute allows (engine.torch.calibrate), a requested one above it is refused.
 """
 
 from __future__ import annotations
@@ -17,11 +19,17 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from testbed.config import DeploymentConfig, ScaleConfig
 from testbed.engine.torch.config import TinyConfig
 from testbed.errors import UserError
+from testbed.profiles import MODELS
+
+if TYPE_CHECKING:
+    from testbed.workload.generate import RequestSpec
 
 __all__ = [
     "MODEL_EXTRA_HINT",
@@ -29,6 +37,7 @@ __all__ = [
     "ids_digest",
     "prompt_ids",
     "require_torch",
+    "resolve_time_scale",
     "tiny_config",
 ]
 
@@ -92,3 +101,64 @@ def require_torch() -> None:
         found = False
     if not found:
         raise UserError(MODEL_EXTRA_HINT)
+
+
+def resolve_time_scale(
+    scale: ScaleConfig,
+    dep: DeploymentConfig,
+    tpot_slo_s: float,
+    threshold_tokens: float | None,
+    requests: Sequence[RequestSpec],
+) -> tuple[ScaleConfig, dict[str, Any]]:
+    """The run's scale with `auto` resolved, and the calibration the report shows.
+
+    Every prefill the run plans is checked on the hardware its route runs on (above the
+    threshold: PrfaaS; both when the policy has no threshold), decode at the longest context and
+    the largest batch. A requested time_scale above the largest that works is refused with one
+    line naming it. Needs torch (calibration runs the model once per config and host, cached).
+    """
+    from testbed.engine.torch.batched import ROWS
+    from testbed.engine.torch.calibrate import calibration_for, largest_time_scale
+
+    cfg = tiny_config(dep.tiny_model.seed, dep.tiny_model.dtype)
+    cal = calibration_for(cfg)
+    profile = MODELS[dep.model]
+    local_hw = dep.local.hardware
+    remote_hw = dep.prfaas.hardware if dep.prfaas is not None else local_hw
+    prefills: list[tuple[str, int]] = []
+    for r in requests:
+        if dep.kind == "naive":
+            hws = [remote_hw]
+        elif dep.kind == "homogeneous":
+            hws = [local_hw]
+        elif threshold_tokens is None:
+            hws = [local_hw, remote_hw]
+        else:
+            hws = [remote_hw if r.input_tokens > threshold_tokens else local_hw]
+        prefills += [(hw, r.input_tokens) for hw in hws]
+    choice = largest_time_scale(
+        cal,
+        profile,
+        cfg.n_layers,
+        prefills,
+        local_hw,
+        profile.decode[local_hw].bs_max(tpot_slo_s),
+        max(r.input_tokens + r.output_tokens for r in requests),
+        ROWS,
+    )
+    if not scale.auto and scale.time_scale > choice.largest:
+        raise UserError(
+            f"scale.time_scale: {scale.time_scale:g} is more than this host can run the tiny "
+            f"model at (engine: torch); the largest that works is {choice.largest:g} "
+            f"(limited by {choice.limit}), or write `time_scale: auto`"
+        )
+    resolved = scale.resolved(choice.largest) if scale.auto else scale
+    report = {
+        "time_scale": resolved.time_scale,
+        "requested": "auto" if scale.auto else scale.time_scale,
+        **choice.to_json(),
+        "prefill_layer_ms": {n: round(s * 1e3, 3) for n, s in cal.prefill_layer_s.items()},
+        "decode_pass_ms": {n: round(s * 1e3, 3) for n, s in cal.decode_pass_s.items()},
+        "measured": "cached " + cal.measured_at if cal.cached else "now",
+    }
+    return resolved, report

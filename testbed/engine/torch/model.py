@@ -12,10 +12,11 @@ Why the code is shaped like this, not just "a model":
 - Prefill runs layer by layer (all chunks through layer l, then layer l+1), so layer l's KV is
   final as soon as layer l is done and can be streamed while layer l+1 computes: the paper's
   layer-wise pipelining, with real tensors.
-- Prefill is chunked on absolute positions (multiples of `chunk_tokens`), and a decode step is a
-  chunk of one token. A prefill resumed from a cached block boundary therefore runs the very same
-  tensor operations, on the same shapes and the same bytes, as the tail of a cold prefill, so the
-  outputs are bit-identical by construction, not merely within a tolerance. Rotary angles come
+- Prefill is chunked on absolute positions (multiples of `chunk_tokens`). A prefill resumed from
+  a cached block boundary therefore runs the very same tensor operations, on the same shapes and
+  the same bytes, as the tail of a cold prefill, so the outputs are bit-identical by
+  construction, not merely within a tolerance. Decode is batched (engine.torch.batched): one
+  pass for a whole batch, built so a sequence gets the same bits in any batch. Rotary angles come
   from a table for the same reason (a vectorised cos and a scalar cos may differ in the last bit).
 - Nothing is modified in place, so states and caches can share tensors safely.
 """
@@ -173,23 +174,23 @@ class TinyHybridLM:
         run_state = self.new_state() if state is None else state.copy()
         return PrefillRun(self, toks, run_state, start, snapshot_at=snapshot_at)
 
-    def decode_step(self, state: KVState, token: int) -> int:
-        """Feed one token at position state.n_tokens (advancing state); return the next token."""
-        if state.n_tokens >= self.config.max_positions:
-            raise ValueError("context is full")
-        pos = state.n_tokens
-        h = self.embed[torch.tensor([int(token)])]
-        for layer in range(self.config.n_layers):
-            h = self._block(layer, h, state, pos)
-        state.n_tokens += 1
-        return self._greedy(h)
-
     def decode(self, state: KVState, first_token: int, max_new_tokens: int) -> list[int]:
-        """Greedy generation continuing from `state`: [first_token, ...], max_new_tokens long."""
+        """Greedy generation continuing from `state`: [first_token, ...], max_new_tokens long.
+
+        A decode batch of one (engine.torch.batched): the very pass a live decode instance runs
+        for a whole batch, so this single-process reference gives the bits a batched decode
+        gives. `state` itself is not modified (the batch copies it).
+        """
+        from testbed.engine.torch.batched import DecodeBatch
+
         out = [int(first_token)]
+        if max_new_tokens <= 1:
+            return out[:max_new_tokens]
+        batch = DecodeBatch(self)
+        row = batch.add(out, state, out[0])
         while len(out) < max_new_tokens:
-            out.append(self.decode_step(state, out[-1]))
-        return out[:max_new_tokens]
+            out.append(batch.step()[row])
+        return out
 
     # ------------------------------------------------------------------ internals
 
@@ -237,25 +238,29 @@ class TinyHybridLM:
         proj = x @ w.wx
         q, k, v, a = proj[:, : 4 * hl * dk].view(t, 4, hl, dk).unbind(1)
         q, k = _l2_norm(q), _l2_norm(k)
-        beta = torch.sigmoid(proj[:, 4 * hl * dk :])[:, :, None, None]  # (t, heads, 1, 1)
-        alpha = torch.sigmoid(a + _GATE_BIAS)[:, :, None, :]  # a decay per key channel
-        # Everything per token that does not depend on S is batched here; the loop is the
-        # recurrence alone, four fused ops per token.
-        k_col = k[:, :, :, None]
-        beta_k = (beta * k_col).unbind(0)  # beta k, (heads, dk, 1) per token
-        beta_v = (beta * v[:, :, :, None]).unbind(0)  # beta v
-        k_row = k[:, :, None, :].unbind(0)  # k^T, (heads, 1, dk)
-        q_col = q[:, :, :, None].unbind(0)
-        decay = alpha.unbind(0)
-        s = state.linear[layer]
-        outs = []
-        for i in range(t):
-            s = s * decay[i]  # S Diag(alpha): decay each key channel
-            u = torch.baddbmm(beta_v[i], s, beta_k[i], alpha=-1.0)  # beta (v - S k)
-            s = torch.baddbmm(s, u, k_row[i])  # S (I - beta k k^T) + beta v k^T
-            outs.append(s @ q_col[i])
-        state.linear[layer] = s
-        return torch.stack(outs).reshape(t, hl * dk) @ w.wo
+        beta = torch.sigmoid(proj[:, 4 * hl * dk :]).T  # (heads, t)
+        # The chunk at once (WY form of the delta rule), not token by token: with G_i the
+        # cumulative log decay, S_i = S_0 Diag(e^G_i) + sum_{j<=i} u_j (k_j * e^(G_i - G_j))^T,
+        # and the u_j solve one unit-lower-triangular system. Decays enter only as
+        # e^(G_i - G_j) with j <= i (never above 1), so long chunks stay finite.
+        g = torch.cumsum(torch.nn.functional.logsigmoid(a + _GATE_BIAS), 0).transpose(0, 1)
+        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # (heads, t, dk)
+        past = torch.tril(torch.ones(t, t, dtype=torch.bool))[None, :, :, None]
+        decay = torch.exp((g[:, :, None, :] - g[:, None, :, :]).masked_fill(~past, -math.inf))
+        kk = (k[:, :, None, :] * k[:, None, :, :] * decay).sum(-1)  # (heads, t_i, t_j)
+        qk = (q[:, :, None, :] * k[:, None, :, :] * decay).sum(-1)
+        eye = torch.eye(t, dtype=x.dtype)
+        tri = eye + beta[:, :, None] * torch.tril(kk, diagonal=-1)
+        s0 = state.linear[layer]  # (heads, d_v, d_k)
+        gk = torch.exp(g)
+        rhs = beta[:, :, None] * (v - torch.bmm(k * gk, s0.transpose(1, 2)))
+        u = torch.linalg.solve_triangular(tri, rhs, upper=False, unitriangular=True)
+        out = torch.bmm(q * gk, s0.transpose(1, 2)) + torch.bmm(qk, u)  # (heads, t, d_v)
+        last = g[:, -1:, :]
+        state.linear[layer] = s0 * torch.exp(last) + torch.bmm(
+            u.transpose(1, 2), k * torch.exp(last - g)
+        )
+        return out.transpose(0, 1).reshape(t, hl * dk) @ w.wo
 
     def _full_attention(
         self, layer: int, w: _FullWeights, x: torch.Tensor, state: KVState, pos: int
