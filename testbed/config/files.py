@@ -15,6 +15,30 @@ MAX_YAML_BYTES = 16 << 20
 """Scenario and profile files are small; anything bigger is a mistake (or hostile)."""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping: plain YAML keeps the last one,
+    so `policy:` written twice would silently drop the first (a no-op setting by another name)."""
+
+
+def _mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        try:
+            duplicate = key in seen
+        except TypeError:  # an unhashable key: the constructor below reports it
+            duplicate = False
+        if duplicate:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
 def load_yaml(path: Path) -> Any:
     """Read a YAML file; syntax errors become one line naming the file and line."""
     try:
@@ -33,7 +57,7 @@ def load_yaml(path: Path) -> Any:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start + 1})") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except RecursionError:
         raise ConfigError(f"{path}: YAML nested too deeply") from None
     except yaml.MarkedYAMLError as exc:
