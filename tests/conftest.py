@@ -23,6 +23,15 @@ NEEDS_TORCH = frozenset(
 """Test modules that import torch at module level (every test in them is marked `model`)."""
 
 
+def torch_installed() -> bool:
+    """Whether `import torch` can work. An import hook that refuses torch outright (as the
+    project's collect-without-torch check does) counts as not installed, like a venv without it."""
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except ImportError:
+        return False
+
+
 def model_tests_selected(markexpr: str) -> bool:
     """Whether a `-m` expression can select a test that carries only the `model` marker.
 
@@ -41,7 +50,7 @@ def model_tests_selected(markexpr: str) -> bool:
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     if collection_path.name not in NEEDS_TORCH:
         return None
-    if importlib.util.find_spec("torch") is not None:
+    if torch_installed():
         return None
     if model_tests_selected(config.getoption("markexpr") or ""):
         return None  # collect it: the ImportError names the missing extra

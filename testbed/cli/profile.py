@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from testbed.config.files import read_text
 from testbed.errors import UserError
 from testbed.profiles.fit import fit_affine, fit_curve
 from testbed.units import format_duration
@@ -29,21 +30,7 @@ TIME_COLUMNS = ("seconds", "time_s", "time")
 
 def read_measurements(path: Path) -> tuple[str, list[float], list[float]]:
     """(first column's name, xs, ys) of a two-column CSV; errors name the file and line."""
-    try:
-        if path.exists() and not path.is_file():
-            raise UserError(f"{path}: not a regular file")
-        with path.open("rb") as f:
-            raw = f.read(MAX_CSV_BYTES + 1)
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read: {exc.strerror}") from None
-    if len(raw) > MAX_CSV_BYTES:
-        raise UserError(f"{path}: larger than {MAX_CSV_BYTES >> 20} MiB; not a measurement file")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text (byte {exc.start + 1})") from None
+    text = read_text(path, MAX_CSV_BYTES, "a measurement file")
     rows = list(csv.reader(io.StringIO(text)))
     rows = [r for r in rows if r and not r[0].lstrip().startswith("#")]
     if not rows:

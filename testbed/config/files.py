@@ -9,7 +9,7 @@ import yaml
 
 from testbed.errors import ConfigError
 
-__all__ = ["MAX_YAML_BYTES", "load_yaml"]
+__all__ = ["MAX_YAML_BYTES", "load_yaml", "read_text"]
 
 MAX_YAML_BYTES = 16 << 20
 """Scenario and profile files are small; anything bigger is a mistake (or hostile)."""
@@ -39,23 +39,29 @@ def _mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
 
 
-def load_yaml(path: Path) -> Any:
-    """Read a YAML file; syntax errors become one line naming the file and line."""
+def read_text(path: Path, limit: int = MAX_YAML_BYTES, what: str = "a scenario file") -> str:
+    """A small UTF-8 file's text, refusing what could block (a FIFO, a device), what is too big
+    and what is not text, each in one line naming the file."""
     try:
         if path.exists() and not path.is_file():  # a FIFO or a device could block or never end
             raise ConfigError(f"{path}: not a regular file")
         with path.open("rb") as f:
-            raw = f.read(MAX_YAML_BYTES + 1)
+            raw = f.read(limit + 1)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    if len(raw) > MAX_YAML_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_YAML_BYTES >> 20} MiB; not a scenario file")
+    if len(raw) > limit:
+        raise ConfigError(f"{path}: larger than {limit >> 20} MiB; not {what}")
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start + 1})") from None
+
+
+def load_yaml(path: Path) -> Any:
+    """Read a YAML file; syntax errors become one line naming the file and line."""
+    text = read_text(path)
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except RecursionError:
