@@ -1,0 +1,436 @@
+"""`testbed scorecard`: one policy against its baselines over the whole scenario library.
+
+Every library scenario (or the ones asked for) runs for the policy under test and for each
+baseline with the same seeds; per scenario the scorecard keeps each one's mean figures over the
+seeds (testbed.metrics.scorecard: checker verdicts, goodput at the SLO, SLO attainment, TTFT
+percentiles, failures, cross-datacenter bytes), the policy's deltas against each baseline with a
+win / tie / loss verdict, and on the sim a reference row: the best fixed threshold in hindsight
+(testbed.scenario.hindsight) for the scenario's objective (P90 TTFT over the fault window when
+the scenario has faults, else goodput at the SLO).
+
+On the sim every run (policies, baselines and the hindsight grid of all scenarios) is one cell
+of a single `testbed sweep` pool (testbed.scenario.sweep.run_grid), longest first, so two cores
+finish the library in well under a minute. On `local` each scenario runs in its short version
+(`short_variant`, the one the chaos suite runs: a tiny deployment at time_scale 20), one run at a
+time, since live runs share the machine's cores and ports.
+
+The policy spec is passed through as `testbed run --policy` takes it (a built-in name,
+`module:Class`, an entry point), resolved once before any run: a spec that cannot load stops
+the scorecard with one line. A scenario the substrate refuses for a policy (the real model on
+the sim, a policy for another kind of deployment) is skipped and named with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from testbed.clock import Scale
+from testbed.config import DeploymentConfig, ScaleConfig
+from testbed.errors import UserError
+from testbed.metrics.scorecard import compare, fault_window, mean_rows, run_row
+from testbed.planner import plan_deployment, plan_inputs
+from testbed.policy import get_policy
+from testbed.scenario.hindsight import (
+    HindsightPlan,
+    Objective,
+    measure_sim,
+    plan_hindsight,
+    run_fixed,
+)
+from testbed.scenario.library import library_scenarios, resolve_scenario
+from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.schema import Scenario, load_scenario
+from testbed.scenario.sweep import Cell, cell_scenario, run_grid
+
+__all__ = [
+    "DEFAULT_BASELINES",
+    "SCORECARD_SUBSTRATES",
+    "SHORT_DEPLOYMENT",
+    "ScoreCell",
+    "run_scorecard",
+    "short_variant",
+]
+
+DEFAULT_BASELINES = ("prfaas", "prfaas-static")
+SCORECARD_SUBSTRATES = ("sim", "local")
+HINDSIGHT = "hindsight-best"
+"""The reference row's label."""
+COSTLY = 6.0
+"""How much longer a run with a re-planning policy takes on the sim than a prfaas-static one
+(its short-term loop and snapshots; measured on the library), to start the long runs first."""
+
+# ------------------------------------------------------------------ the short (local) versions
+
+SHORT_DEPLOYMENT = DeploymentConfig.model_validate(
+    {
+        "kind": "prfaas-pd",
+        "prfaas": {"hardware": "h200x8", "instances": 2},
+        "local": {"hardware": "h20x8", "instances": 4, "prefill": 1, "decode": 3},
+        "link": {"bandwidth": "100Gbps", "rtt": "20ms", "jitter": "2ms", "connections": 2},
+    }
+)
+"""2 PrfaaS + 1 PD-P + 3 PD-D instances, one process each: what a live short run stands up."""
+
+
+def short_variant(sc: Scenario, **updates: object) -> Scenario:
+    """The short version of a scenario, as the chaos suite runs the library (tests/chaos).
+
+    It keeps the scenario's workload, policy, nemesis timeline and checkers (all in real-world
+    time) and swaps in SHORT_DEPLOYMENT (with the scenario's model and hardware, a user
+    profile's too) at time_scale 20 / byte_scale 2000, so a 180 s scenario plays in about 9 s
+    of wall time. Faults aimed at a group (`local-decode`) still resolve; the arrival rate
+    follows the smaller deployment (a `load` by itself, a fixed `rate` by the ratio of the two
+    lambda_max), and so do link bandwidth faults (scaled by the ratio of PrfaaS instances).
+    Scenarios on the tiny real model (`engine: torch`) are small already: they keep their
+    deployment and run 8 s of arrivals (4 requests, both routes)."""
+    if any(d.engine == "torch" for d in sc.deployments.values()):
+        return sc.model_copy(update={"duration": 8.0, **updates})
+    full = sc.deployments[sc.deployment] if sc.deployment else next(iter(sc.deployments.values()))
+    tiny = _tiny_like(full)
+    assert SHORT_DEPLOYMENT.prfaas is not None
+    ratio = (
+        SHORT_DEPLOYMENT.prfaas.instances / full.prfaas.instances
+        if full.prfaas is not None
+        else 1.0
+    )
+    nemesis = []
+    for ev in sc.nemesis:
+        bw = getattr(ev, "bandwidth", None)  # a `bandwidth` action's new capacity
+        if ev.action == "bandwidth" and bw is not None:
+            ev = ev.model_copy(update={"bandwidth": bw * ratio})
+        nemesis.append(ev)
+    workload = sc.workload
+    rate = workload.arrivals.rate
+    if rate is not None:  # a rate, unlike a load, does not follow the deployment: scale it
+        inputs = plan_inputs(sc)
+        t = sc.policy.threshold
+        fixed = None if t == "auto" else float(t)  # as prepare_run plans a fixed threshold
+        ratio_rps = (
+            plan_deployment("tiny", tiny, inputs, threshold_tokens=fixed).lambda_max_rps
+            / plan_deployment("full", full, inputs, threshold_tokens=fixed).lambda_max_rps
+        )
+        arrivals = workload.arrivals.model_copy(update={"rate": rate * ratio_rps})
+        workload = workload.model_copy(update={"arrivals": arrivals})
+    return sc.model_copy(
+        update={
+            "deployments": {"tiny": tiny},
+            "deployment": "tiny",
+            "scale": ScaleConfig(time_scale=20, byte_scale=2000),
+            "nemesis": nemesis,
+            "workload": workload,
+            **updates,
+        }
+    )
+
+
+def _tiny_like(full: DeploymentConfig) -> DeploymentConfig:
+    """SHORT_DEPLOYMENT with the scenario's own model and hardware."""
+    tiny = SHORT_DEPLOYMENT
+    assert tiny.prfaas is not None
+    prfaas_hw = full.prfaas.hardware if full.prfaas is not None else tiny.prfaas.hardware
+    return tiny.model_copy(
+        update={
+            "model": full.model,
+            "prfaas": tiny.prfaas.model_copy(update={"hardware": prfaas_hw}),
+            "local": tiny.local.model_copy(update={"hardware": full.local.hardware}),
+        }
+    )
+
+
+# ------------------------------------------------------------------------------ the runs
+
+
+@dataclass(frozen=True)
+class ScoreCell(Cell):
+    """One run of a scorecard on the sim: a sweep cell (the scenario file and the seed written
+    into it) with the policy spec to run it with, and the row it belongs to."""
+
+    policy: str | None = None
+    label: str = ""
+    cost: float = 1.0
+    """A relative estimate of its run time (to start the long runs first)."""
+
+
+def run_score_cell(cell: Cell) -> dict[str, Any]:
+    """The sweep cell function of a scorecard: a policy's run, or a hindsight setting's."""
+    assert isinstance(cell, ScoreCell)
+    if cell.label == HINDSIGHT:
+        row = run_fixed(cell)
+    else:
+        _, row, _ = measure_sim(cell_scenario(cell), cell.policy)
+    row["scenario"] = Path(cell.scenario_path).stem
+    row["label"] = cell.label
+    return row
+
+
+def _objective(sc: Scenario) -> Objective:
+    """The scenario's own objective: P90 TTFT over its faults when it has any, else goodput."""
+    return "ttft-p90-fault" if sc.nemesis else "goodput"
+
+
+@dataclass
+class _Entry:
+    name: str
+    path: Path
+    scenario: Scenario
+    objective: Objective
+    requests: int
+    hindsight: HindsightPlan | None = None
+    note: str | None = None
+
+
+def _scenario_paths(names: Sequence[str] | None) -> list[Path]:
+    if not names:
+        return library_scenarios()
+    return [resolve_scenario(n) for n in names]
+
+
+def run_scorecard(
+    policy: str,
+    *,
+    baselines: Sequence[str] = DEFAULT_BASELINES,
+    substrate: str = "sim",
+    scenarios: Sequence[str] | None = None,
+    seeds: Sequence[int] = (1, 2, 3),
+    hindsight: bool | None = None,
+    jobs: int | None = None,
+    out: Path | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run the scorecard and return it as a JSON-ready dict (testbed.metrics.scorecard writes
+    it). `log` gets one line per finished run (the CLI prints them on stderr)."""
+    started = time.perf_counter()
+    say = log or (lambda _line: None)
+    if substrate not in SCORECARD_SUBSTRATES:
+        raise UserError(
+            f"scorecard substrate {substrate!r}: use one of {', '.join(SCORECARD_SUBSTRATES)}"
+        )
+    if not seeds:
+        raise UserError("a scorecard needs at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise UserError("--seeds: a seed given twice")
+    for spec in (policy, *baselines):
+        get_policy(spec)  # a spec that cannot load: one line, before any run
+    bases = [b for b in dict.fromkeys(baselines) if b != policy]
+    specs = [policy, *bases]
+    use_hindsight = substrate == "sim" if hindsight is None else hindsight
+    if use_hindsight and substrate != "sim":
+        raise UserError("--hindsight runs on the sim substrate only (it sweeps a whole grid)")
+    skipped: dict[str, str] = {}
+    entries: list[_Entry] = []
+    for path in _scenario_paths(scenarios):
+        sc = load_scenario(path)
+        if substrate == "local":
+            sc = short_variant(sc)
+        n_requests = 0
+        try:
+            for spec in specs:
+                rp = prepare_run(sc, RunOptions(substrate=substrate, policy=spec, progress=False))
+                n_requests = max(n_requests, len(rp.requests))
+        except UserError as exc:
+            skipped[path.stem] = f"{spec}: {exc}"
+            say(f"scorecard: skip {path.stem}: {spec}: {exc}")
+            continue
+        entry = _Entry(path.stem, path, sc, _objective(sc), n_requests)
+        if use_hindsight:
+            try:
+                entry.hindsight = plan_hindsight(path, seeds, entry.objective, sweep_split=False)
+            except UserError as exc:
+                entry.note = f"no hindsight row: {exc}"
+        entries.append(entry)
+    if not entries:
+        raise UserError("no scenario to run: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
+    if substrate == "sim":
+        rows = _run_sim(entries, specs, seeds, jobs, say)
+    else:
+        rows = _run_local(entries, specs, seeds, out, say)
+    card = _card(policy, bases, substrate, seeds, entries, rows, skipped)
+    card["wall_s"] = time.perf_counter() - started
+    return card
+
+
+def _run_sim(
+    entries: Sequence[_Entry],
+    specs: Sequence[str],
+    seeds: Sequence[int],
+    jobs: int | None,
+    say: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    todo: list[ScoreCell] = []
+    for e in entries:
+        for spec in specs:
+            cost = e.requests * (1.0 if spec == "prfaas-static" else COSTLY)
+            for seed in seeds:
+                todo.append(ScoreCell(str(e.path), (("seed", str(seed)),), False, spec, spec, cost))
+        if e.hindsight is not None:
+            todo += [
+                ScoreCell(c.scenario_path, c.settings, False, None, HINDSIGHT, float(e.requests))
+                for c in e.hindsight.cells
+            ]
+    todo.sort(key=lambda c: -c.cost)  # the long runs first, so no core idles at the end
+    n_jobs = jobs or min(len(todo), os.cpu_count() or 1)
+    say(f"scorecard: {len(todo)} runs on the sim, {n_jobs} local process(es)")
+
+    def show(i: int, row: dict[str, Any]) -> None:
+        t = f" t={row['threshold_tokens']:.0f}" if row["label"] == HINDSIGHT else ""
+        p90 = row["ttft_p90_s"]
+        say(
+            f"[{i + 1}/{len(todo)}] {row['scenario']} {row['label']}{t} seed {row['seed']}: "
+            f"SLO {row['slo_attainment'] or 0:.1%}, goodput {row['goodput_rps']:.2f} req/s, "
+            f"TTFT p90 {p90 if p90 is not None else float('nan'):.2f}s, failed {row['failed']}"
+        )
+
+    done = [0]
+
+    def progress(_i: int, row: dict[str, Any]) -> None:
+        show(done[0], row)
+        done[0] += 1
+
+    return run_grid(todo, jobs=n_jobs, on_row=progress, fn=run_score_cell)
+
+
+def _run_local(
+    entries: Sequence[_Entry],
+    specs: Sequence[str],
+    seeds: Sequence[int],
+    out: Path | None,
+    say: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """Live short runs, one at a time (each writes its own results under out/runs/)."""
+    from testbed.checkers.result import CheckResult
+    from testbed.scenario.runner import run_scenario
+
+    base = (out or Path("results/scorecard")) / "runs"
+    rows: list[dict[str, Any]] = []
+    total = len(entries) * len(specs) * len(seeds)
+    for e in entries:
+        for spec in specs:
+            for seed in seeds:
+                run_dir = base / f"{e.name}-{spec.replace(':', '_').replace('/', '_')}-{seed}"
+                opts = RunOptions(
+                    out_dir=run_dir, progress=False, policy=spec, seed=seed, drain_timeout_s=60
+                )
+                rp = prepare_run(e.scenario, opts)
+                result = asyncio.run(run_scenario(rp, opts))
+                checks: list[CheckResult] = list(result.checks)
+                sc = rp.scenario
+                row = run_row(
+                    result.records,
+                    result.history,
+                    checks,
+                    duration_s=rp.duration_s,
+                    slo=sc.slo,
+                    scale=Scale.of(sc.scale),
+                    window=fault_window(rp.faults, rp.duration_s),
+                )
+                row.update(
+                    {
+                        "scenario": e.name,
+                        "label": spec,
+                        "policy": rp.policy,
+                        "seed": seed,
+                        "threshold_tokens": rp.threshold_tokens,
+                        "n_prefill": rp.n_prefill,
+                        "n_decode": rp.n_decode,
+                        "offered_rps": rp.rate_rps,
+                        "results": str(run_dir),
+                    }
+                )
+                rows.append(row)
+                say(
+                    f"[{len(rows)}/{total}] {e.name} {spec} seed {seed}: SLO "
+                    f"{row['slo_attainment'] or 0:.1%}, failed {row['failed']}, "
+                    f"checks {'ok' if result.ok else 'FAILED'}"
+                )
+    return rows
+
+
+def _card(
+    policy: str,
+    bases: Sequence[str],
+    substrate: str,
+    seeds: Sequence[int],
+    entries: Sequence[_Entry],
+    rows: Sequence[dict[str, Any]],
+    skipped: dict[str, str],
+) -> dict[str, Any]:
+    scenarios: list[dict[str, Any]] = []
+    tallies: dict[str, dict[str, Any]] = {
+        b: {"win": 0, "tie": 0, "loss": 0, "scenarios": 0, "deltas": []}
+        for b in [*bases, HINDSIGHT]
+    }
+    for e in entries:
+        mine = [r for r in rows if r["scenario"] == e.name]
+        table: dict[str, dict[str, Any]] = {}
+        for spec in (policy, *bases):
+            runs = sorted((r for r in mine if r["label"] == spec), key=lambda r: r["seed"])
+            table[spec] = mean_rows(runs)
+        hindsight: dict[str, Any] | None = None
+        note = e.note
+        if e.hindsight is not None:
+            hr = e.hindsight.result([r for r in mine if r["label"] == HINDSIGHT])
+            best = hr.best
+            table[HINDSIGHT] = best
+            hindsight = {
+                "objective": hr.objective,
+                "threshold_tokens": best["threshold_tokens"],
+                "n_prefill": best["n_prefill"],
+                "n_decode": best["n_decode"],
+                "thresholds": [s["threshold_tokens"] for s in hr.settings],
+            }
+            note = (
+                f"{HINDSIGHT}: prfaas-static at a fixed threshold of "
+                f"{best['threshold_tokens']:.0f} tokens ({best['n_prefill']} PD-P / "
+                f"{best['n_decode']} PD-D), the best of {len(hr.settings)} thresholds by "
+                f"{hr.objective} (fault window {hr.window_s[0]:.0f}-{hr.window_s[1]:.0f} s)"
+            )
+        against = {b: compare(table[policy], table[b]) for b in bases}
+        if HINDSIGHT in table:  # judged by the objective its setting was chosen by
+            against[HINDSIGHT] = compare(table[policy], table[HINDSIGHT], e.objective)
+        for b, cmp in against.items():
+            t = tallies[b]
+            t[cmp["verdict"]] += 1
+            t["scenarios"] += 1
+            t["deltas"].append(cmp["deltas"]["slo_attainment"])
+        scenarios.append(
+            {
+                "name": e.name,
+                "objective": e.objective,
+                "rows": table,
+                "against": against,
+                "hindsight": hindsight,
+                "note": note,
+            }
+        )
+    overall: dict[str, dict[str, Any]] = {}
+    for b, t in tallies.items():
+        if not t["scenarios"]:
+            continue
+        ds = [d for d in t.pop("deltas") if d is not None]
+        t["mean_slo_attainment_delta"] = sum(ds) / len(ds) if ds else None
+        overall[b] = t
+    return {
+        "policy": policy,
+        "baselines": list(bases),
+        "substrate": substrate,
+        "seeds": list(seeds),
+        "runs": len(rows),
+        "scenarios": scenarios,
+        "skipped": skipped,
+        "overall": overall,
+        "rows": list(rows),
+    }
+
+
+def main_line(card: dict[str, Any]) -> str:
+    """What the command prints last: where the files are and the wall time."""
+    return (
+        f"scorecard: {len(card['scenarios'])} scenarios, {len(card['skipped'])} skipped, "
+        f"{card['runs']} runs, {card['wall_s']:.1f}s wall"
+    )
