@@ -54,7 +54,7 @@ def _run(args: argparse.Namespace) -> int:
     print(
         f"results: {out}/ (scorecard.md, scorecard.json, scorecard.png); "
         f"{len(card['scenarios'])} scenarios, {card['runs']} runs, "
-        f"{time.perf_counter() - started:.1f}s wall"
+        f"{time.perf_counter() - started:.1f}s wall, {card['cpu_s']:.1f}s CPU"
     )
     return 0
 

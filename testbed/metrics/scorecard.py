@@ -306,7 +306,8 @@ def scorecard_markdown(card: Mapping[str, Any]) -> str:
         "",
         f"Substrate {card['substrate']}; baselines {', '.join(card['baselines'])}; seeds "
         f"{', '.join(str(s) for s in card['seeds'])}; {card['runs']} runs in "
-        f"{card['wall_s']:.1f} s wall. Figures are means over the seeds. SLO attainment is the "
+        f"{card['wall_s']:.1f} s wall ({card.get('cpu_s', 0.0):.0f} CPU s). Figures are means "
+        "over the seeds. SLO attainment is the "
         "share of requests within both the TTFT and TPOT SLOs. Verdict: a checker failing on "
         "one side decides, then SLO attainment (more than 0.5 pt apart), then P90 TTFT (more "
         "than 5% apart), else tie.",

@@ -284,16 +284,17 @@ def plan_hindsight(
             ("workload.shift.load", "null"),
         ]
     local = f"deployments.{rp.deployment_name}.local"
+
+    def split(p: int) -> tuple[tuple[str, str], ...]:
+        # always written: a fixed threshold re-plans the split otherwise. (For a scenario with
+        # a `workload.shift`, a pinned split also pins the planner's plan after the shift,
+        # which the throughput checker judges against; the runs themselves are the same.)
+        return ((f"{local}.prefill", str(p)), (f"{local}.decode", str(n_local - p)))
+
     todo = [
         Cell(
             str(path),
-            (
-                *common,
-                ("policy.threshold", f"{t:.0f}"),
-                (f"{local}.prefill", str(p)),
-                (f"{local}.decode", str(n_local - p)),
-                ("seed", str(seed)),
-            ),
+            (*common, ("policy.threshold", f"{t:.0f}"), *split(p), ("seed", str(seed))),
             saturation=False,
         )
         for t in ts

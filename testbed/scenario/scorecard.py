@@ -206,6 +206,7 @@ def run_scorecard(
     """Run the scorecard and return it as a JSON-ready dict (testbed.metrics.scorecard writes
     it). `log` gets one line per finished run (the CLI prints them on stderr)."""
     started = time.perf_counter()
+    cpu0 = _cpu_s()
     say = log or (lambda _line: None)
     if substrate not in SCORECARD_SUBSTRATES:
         raise UserError(
@@ -252,7 +253,18 @@ def run_scorecard(
         rows = _run_local(entries, specs, seeds, out, say)
     card = _card(policy, bases, substrate, seeds, entries, rows, skipped)
     card["wall_s"] = time.perf_counter() - started
+    card["cpu_s"] = _cpu_s() - cpu0
     return card
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (the pool's workers): what the
+    runs cost whatever else shares the cores, next to the wall time they took."""
+    import resource
+
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def _run_sim(

@@ -110,8 +110,9 @@ def test_cli_writes_the_files_and_skips_what_the_sim_refuses(
 ) -> None:
     out = tmp_path / "out"
     burst = short_scenario(tmp_path, "burst", 40)
-    rc = main(["scorecard", "--policy", "prfaas-static", "--baseline", "prfaas", "--scenarios",
-               f"real-model,{burst}", "--seeds", "3", "--no-hindsight", "--out", str(out)])  # fmt: skip
+    args = ["--scenarios", f"real-model,{burst}", "--seeds", "3", "--no-hindsight"]
+    rc = main(["scorecard", "--policy", "prfaas-static", "--baseline", "prfaas", *args,
+               "--out", str(out)])  # fmt: skip
     assert rc == 0
     printed = capsys.readouterr()
     assert "skipped real-model: prfaas-static: substrate sim" in printed.out
@@ -123,6 +124,28 @@ def test_cli_writes_the_files_and_skips_what_the_sim_refuses(
     md = (out / "scorecard.md").read_text()
     assert "| prfaas-static - prfaas |" in md and "## Skipped" in md
     assert (out / "scorecard.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_substrate_hindsight_and_quiet(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a live substrate refuses the hindsight grid, before any run
+    argv = ["scorecard", "--policy", "prfaas", "--substrate", "local", "--hindsight"]
+    assert main(argv) == 2
+    assert "sim substrate only" in capsys.readouterr().err
+    burst = short_scenario(tmp_path, "burst", 40)
+    base = ["scorecard", "--policy", "prfaas-static", "--baseline", "prfaas", "--seeds", "1"]
+    rc = main([*base, "--scenarios", str(burst), "--jobs", "1", "--out", str(tmp_path / "a")])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "2 local process(es)" not in err and "1 local process(es)" in err
+    assert sum(line.startswith("[") for line in err.splitlines()) == 2 + 8  # runs + hindsight
+    rc = main([*base, "--scenarios", str(burst), "--no-hindsight", "--quiet", "--jobs", "2",
+               "--out", str(tmp_path / "b")])  # fmt: skip
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "2 local process(es)" in err
+    assert not any(line.startswith("[") for line in err.splitlines())
 
 
 @pytest.mark.parametrize(
