@@ -181,3 +181,23 @@ def test_the_local_short_version_is_the_chaos_suites() -> None:
     assert dep.local.instances == 4 and sc.scale.time_scale == 20
     # 4 PrfaaS instances cut to 2: the bandwidth fault is cut in the same proportion
     assert sc.nemesis[0].model_dump()["bandwidth"] == pytest.approx(2.5e9 / 8)
+
+
+@pytest.mark.slow
+def test_local_runs_the_short_versions_live(tmp_path: Path) -> None:
+    burst = short_scenario(tmp_path, "burst", 60)  # 3 s of arrivals at time_scale 20
+    card = run_scorecard(
+        "prfaas-static",
+        baselines=["prfaas"],
+        substrate="local",
+        scenarios=[str(burst)],
+        seeds=[1],
+        out=tmp_path / "out",
+    )
+    assert card["substrate"] == "local" and card["runs"] == 2
+    (sc,) = card["scenarios"]
+    assert set(sc["rows"]) == {"prfaas-static", "prfaas"}  # no hindsight row live
+    for row in card["rows"]:
+        assert (row["n_prefill"], row["n_decode"]) == (1, 3)  # the short deployment
+        assert Path(row["results"], "summary.json").is_file()
+        assert row["checks"]["nothing_lost"] == "ok" and row["failed"] == 0
