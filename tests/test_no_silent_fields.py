@@ -426,6 +426,11 @@ FLAGS: dict[str, Tests] = {
     "testbed scorecard --out": SC_CLI,
     "testbed scorecard --jobs": SC_FLAGS,
     "testbed scorecard --quiet": SC_FLAGS,
+    "testbed scorecard --cache": (
+        SC_FLAGS,
+        SC + "test_the_cache_gives_back_the_same_rows_and_only_for_library_runs",
+    ),
+    "testbed scorecard --no-cache": SC_CLI,
     "testbed sweep --set": (SWEEP + "test_the_grid_is_the_product_of_the_axes", SWEEP_CLI),
     "testbed sweep --out": SWEEP_CLI,
     "testbed sweep --jobs": (SWEEP_CLI, SWEEP + "test_a_pool_gives_the_same_rows_as_one_process"),

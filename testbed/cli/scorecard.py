@@ -46,6 +46,7 @@ def _run(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         out=out,
         log=log,
+        cache=None if args.no_cache else Path(args.cache),
     )
     write_scorecard(card, out)
     for name, why in card["skipped"].items():
@@ -53,7 +54,7 @@ def _run(args: argparse.Namespace) -> int:
     print(overall_text(card))
     print(
         f"results: {out}/ (scorecard.md, scorecard.json, scorecard.png); "
-        f"{len(card['scenarios'])} scenarios, {card['runs']} runs, "
+        f"{len(card['scenarios'])} scenarios, {card['runs']} runs ({card['cached_runs']} from the cache), "
         f"{time.perf_counter() - started:.1f}s wall, {card['cpu_s']:.1f}s CPU"
     )
     return 0
@@ -99,5 +100,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--jobs", type=int, metavar="N", help="local processes on the sim (default: cores)"
     )
+    p.add_argument(
+        "--cache",
+        default="results/.scorecard-cache",
+        metavar="DIR",
+        help="where sim runs of built-in policies on library scenarios are kept and reused by "
+        "the same testbed (default results/.scorecard-cache)",
+    )
+    p.add_argument("--no-cache", action="store_true", help="run everything, keep nothing")
     p.add_argument("--quiet", action="store_true", help="no line per finished run")
     p.set_defaults(func=_run)

@@ -23,6 +23,9 @@ the sim, a policy for another kind of deployment) is skipped and named with the 
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -33,9 +36,10 @@ from typing import Any
 from testbed.clock import Scale
 from testbed.config import DeploymentConfig, ScaleConfig
 from testbed.errors import UserError
+from testbed.metrics.files import atomic_write
 from testbed.metrics.scorecard import compare, fault_window, mean_rows, run_row
 from testbed.planner import plan_deployment, plan_inputs
-from testbed.policy import get_policy
+from testbed.policy import POLICIES, get_policy
 from testbed.scenario.hindsight import (
     HindsightPlan,
     Objective,
@@ -43,7 +47,7 @@ from testbed.scenario.hindsight import (
     plan_hindsight,
     run_fixed,
 )
-from testbed.scenario.library import library_scenarios, resolve_scenario
+from testbed.scenario.library import LIBRARY_DIR, library_scenarios, resolve_scenario
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.schema import Scenario, load_scenario
 from testbed.scenario.sweep import Cell, cell_scenario, run_grid
@@ -202,9 +206,11 @@ def run_scorecard(
     jobs: int | None = None,
     out: Path | None = None,
     log: Callable[[str], None] | None = None,
+    cache: Path | None = None,
 ) -> dict[str, Any]:
     """Run the scorecard and return it as a JSON-ready dict (testbed.metrics.scorecard writes
-    it). `log` gets one line per finished run (the CLI prints them on stderr)."""
+    it). `log` gets one line per finished run (the CLI prints them on stderr). With `cache` (a
+    directory), sim runs that cannot have changed are read from it (see `cache_key`)."""
     started = time.perf_counter()
     cpu0 = _cpu_s()
     say = log or (lambda _line: None)
@@ -248,10 +254,11 @@ def run_scorecard(
     if not entries:
         raise UserError("no scenario to run: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
     if substrate == "sim":
-        rows = _run_sim(entries, specs, seeds, jobs, say)
+        rows, cached = _run_sim(entries, specs, seeds, jobs, say, cache)
     else:
-        rows = _run_local(entries, specs, seeds, out, say)
+        rows, cached = _run_local(entries, specs, seeds, out, say), 0
     card = _card(policy, bases, substrate, seeds, entries, rows, skipped)
+    card["cached_runs"] = cached
     card["wall_s"] = time.perf_counter() - started
     card["cpu_s"] = _cpu_s() - cpu0
     return card
@@ -267,13 +274,44 @@ def _cpu_s() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+@functools.cache
+def _code_digest() -> bytes:
+    """A digest of every file of the package (code, library, profiles, traces): a cached run is
+    only reused by the same testbed."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            h.update(str(path.relative_to(root)).encode())
+            h.update(path.read_bytes())
+    return h.digest()
+
+
+def cache_key(cell: ScoreCell) -> str | None:
+    """Where a run's row is kept between scorecards: the testbed's own files, the library
+    scenario and the cell's settings, policy and row label decide it, so a cached row is the
+    row the run would give again (the sim is deterministic). None (never cached): a scenario
+    outside the library (its files, a trace or a profile, are not in the digest) and an outside
+    policy (its code is not either)."""
+    path = Path(cell.scenario_path).resolve()
+    if not path.is_relative_to(LIBRARY_DIR):
+        return None
+    if cell.policy is not None and POLICIES.is_plugin(cell.policy):
+        return None
+    what = [str(path.relative_to(LIBRARY_DIR)), list(cell.settings), cell.policy, cell.label]
+    h = hashlib.sha256(_code_digest())
+    h.update(json.dumps(what).encode())
+    return h.hexdigest()[:32]
+
+
 def _run_sim(
     entries: Sequence[_Entry],
     specs: Sequence[str],
     seeds: Sequence[int],
     jobs: int | None,
     say: Callable[[str], None],
-) -> list[dict[str, Any]]:
+    cache: Path | None,
+) -> tuple[list[dict[str, Any]], int]:
     todo: list[ScoreCell] = []
     for e in entries:
         for spec in specs:
@@ -285,6 +323,24 @@ def _run_sim(
                 ScoreCell(c.scenario_path, c.settings, False, None, HINDSIGHT, float(e.requests))
                 for c in e.hindsight.cells
             ]
+    rows: list[dict[str, Any]] = []
+    keys: dict[int, str] = {}
+    if cache is not None:
+        left = []
+        for cell in todo:
+            key = cache_key(cell)
+            hit = cache / f"{key}.json" if key is not None else None
+            if hit is not None and hit.is_file():
+                rows.append(json.loads(hit.read_text()))
+                continue
+            if key is not None:
+                keys[id(cell)] = key
+            left.append(cell)
+        if rows:
+            say(f"scorecard: {len(rows)} runs read from the cache {cache}/")
+        todo = left
+    if not todo:
+        return rows, len(rows)
     todo.sort(key=lambda c: -c.cost)  # the long runs first, so no core idles at the end
     n_jobs = jobs or min(len(todo), os.cpu_count() or 1)
     say(f"scorecard: {len(todo)} runs on the sim, {n_jobs} local process(es)")
@@ -300,11 +356,16 @@ def _run_sim(
 
     done = [0]
 
-    def progress(_i: int, row: dict[str, Any]) -> None:
+    def progress(i: int, row: dict[str, Any]) -> None:
         show(done[0], row)
         done[0] += 1
+        key = keys.get(id(todo[i]))
+        if cache is not None and key is not None:
+            cache.mkdir(parents=True, exist_ok=True)
+            atomic_write(cache / f"{key}.json", json.dumps(row))
 
-    return run_grid(todo, jobs=n_jobs, on_row=progress, fn=run_score_cell)
+    ran = run_grid(todo, jobs=n_jobs, on_row=progress, fn=run_score_cell)
+    return rows + ran, len(rows)
 
 
 def _run_local(

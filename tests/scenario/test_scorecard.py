@@ -110,7 +110,7 @@ def test_cli_writes_the_files_and_skips_what_the_sim_refuses(
 ) -> None:
     out = tmp_path / "out"
     burst = short_scenario(tmp_path, "burst", 40)
-    args = ["--scenarios", f"real-model,{burst}", "--seeds", "3", "--no-hindsight"]
+    args = ["--scenarios", f"real-model,{burst}", "--seeds", "3", "--no-hindsight", "--no-cache"]
     rc = main(["scorecard", "--policy", "prfaas-static", "--baseline", "prfaas", *args,
                "--out", str(out)])  # fmt: skip
     assert rc == 0
@@ -140,12 +140,14 @@ def test_cli_substrate_hindsight_and_quiet(
     err = capsys.readouterr().err
     assert "2 local process(es)" not in err and "1 local process(es)" in err
     assert sum(line.startswith("[") for line in err.splitlines()) == 2 + 8  # runs + hindsight
-    rc = main([*base, "--scenarios", str(burst), "--no-hindsight", "--quiet", "--jobs", "2",
-               "--out", str(tmp_path / "b")])  # fmt: skip
+    cache = tmp_path / "cache"
+    rc = main([*base, "--scenarios", "paper", "--no-hindsight", "--quiet", "--jobs", "2",
+               "--out", str(tmp_path / "b"), "--cache", str(cache)])  # fmt: skip
     assert rc == 0
     err = capsys.readouterr().err
     assert "2 local process(es)" in err
     assert not any(line.startswith("[") for line in err.splitlines())
+    assert len(list(cache.glob("*.json"))) == 2  # both runs kept for the next scorecard
 
 
 @pytest.mark.parametrize(
@@ -181,6 +183,21 @@ def test_the_local_short_version_is_the_chaos_suites() -> None:
     assert dep.local.instances == 4 and sc.scale.time_scale == 20
     # 4 PrfaaS instances cut to 2: the bandwidth fault is cut in the same proportion
     assert sc.nemesis[0].model_dump()["bandwidth"] == pytest.approx(2.5e9 / 8)
+
+
+def test_the_cache_gives_back_the_same_rows_and_only_for_library_runs(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    args: dict[str, Any] = {"baselines": [], "seeds": [1], "hindsight": False, "cache": cache}
+    first = run_scorecard("prfaas-static", scenarios=["paper"], **args)
+    assert first["runs"] == 1 and first["cached_runs"] == 0
+    assert len(list(cache.glob("*.json"))) == 1
+    again = run_scorecard("prfaas-static", scenarios=["paper"], **args)
+    assert again["cached_runs"] == 1 and again["rows"] == first["rows"]
+    other = run_scorecard("prfaas-static", scenarios=["paper"], **{**args, "seeds": [2]})
+    assert other["cached_runs"] == 0  # another seed is another run
+    mine = short_scenario(tmp_path, "paper", 40, checkers=[])  # outside the library: not cached
+    run_scorecard("prfaas-static", scenarios=[str(mine)], **args)
+    assert len(list(cache.glob("*.json"))) == 2
 
 
 @pytest.mark.slow
