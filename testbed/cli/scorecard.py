@@ -54,7 +54,8 @@ def _run(args: argparse.Namespace) -> int:
     print(overall_text(card))
     print(
         f"results: {out}/ (scorecard.md, scorecard.json, scorecard.png); "
-        f"{len(card['scenarios'])} scenarios, {card['runs']} runs ({card['cached_runs']} from the cache), "
+        f"{len(card['scenarios'])} scenarios, {card['runs']} runs "
+        f"({card['cached_runs']} from the cache), "
         f"{time.perf_counter() - started:.1f}s wall, {card['cpu_s']:.1f}s CPU"
     )
     return 0

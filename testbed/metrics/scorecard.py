@@ -305,7 +305,8 @@ def scorecard_markdown(card: Mapping[str, Any]) -> str:
         f"# Scorecard: {policy}",
         "",
         f"Substrate {card['substrate']}; baselines {', '.join(card['baselines'])}; seeds "
-        f"{', '.join(str(s) for s in card['seeds'])}; {card['runs']} runs ({card.get('cached_runs', 0)} from the cache) in "
+        f"{', '.join(str(s) for s in card['seeds'])}; {card['runs']} runs "
+        f"({card.get('cached_runs', 0)} from the cache) in "
         f"{card['wall_s']:.1f} s wall ({card.get('cpu_s', 0.0):.0f} CPU s). Figures are means "
         "over the seeds. SLO attainment is the "
         "share of requests within both the TTFT and TPOT SLOs. Verdict: a checker failing on "
