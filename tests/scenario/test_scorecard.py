@@ -11,9 +11,11 @@ import pytest
 from testbed.cli import main
 from testbed.errors import UserError
 from testbed.metrics.scorecard import compare, mean_rows
+from testbed.policy import POLICIES
 from testbed.scenario.library import LIBRARY_DIR
 from testbed.scenario.schema import load_scenario
 from testbed.scenario.scorecard import HINDSIGHT, run_scorecard, short_variant
+from tests.policy.test_policy_plugins import make_package
 from tests.scenario.test_hindsight import drop, short_scenario
 
 
@@ -185,7 +187,9 @@ def test_the_local_short_version_is_the_chaos_suites() -> None:
     assert sc.nemesis[0].model_dump()["bandwidth"] == pytest.approx(2.5e9 / 8)
 
 
-def test_the_cache_gives_back_the_same_rows_and_only_for_library_runs(tmp_path: Path) -> None:
+def test_the_cache_gives_back_the_same_rows_and_only_for_library_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cache = tmp_path / "cache"
     args: dict[str, Any] = {"baselines": [], "seeds": [1], "hindsight": False, "cache": cache}
     first = run_scorecard("prfaas-static", scenarios=["paper"], **args)
@@ -197,6 +201,19 @@ def test_the_cache_gives_back_the_same_rows_and_only_for_library_runs(tmp_path: 
     assert other["cached_runs"] == 0  # another seed is another run
     mine = short_scenario(tmp_path, "paper", 40, checkers=[])  # outside the library: not cached
     run_scorecard("prfaas-static", scenarios=[str(mine)], **args)
+    assert len(list(cache.glob("*.json"))) == 2
+    # outside code is never cached; the built-in baseline next to it still is
+    monkeypatch.syspath_prepend(str(make_package(tmp_path, "scorerouting", "score-local")))
+    try:
+        plugin = run_scorecard(
+            "scorerouting:AlwaysLocal",
+            scenarios=["paper"],
+            **{**args, "baselines": ["prfaas-static"]},
+        )
+    finally:
+        POLICIES.forget_plugins()  # the registry is global: no plugin outlives its test
+    assert plugin["runs"] == 2 and plugin["cached_runs"] == 1
+    assert plugin["scenarios"][0]["rows"]["scorerouting:AlwaysLocal"]["cross_dc_gib"] == 0
     assert len(list(cache.glob("*.json"))) == 2
 
 
