@@ -380,6 +380,7 @@ FIELDS: dict[str, Tests] = {
     "InstanceInfo.kv_port": ROUTED,
     "InstanceInfo.kv_link_host": ROUTED,
     "InstanceInfo.kv_link_port": ROUTED,
+    "InstanceInfo.hardware": "tests/services/test_router_snapshot.py::test_costs_and_queue_wait_follow_the_instances_hardware",
 }
 
 RUN_FLAGS = CLI + "test_run_flags_reach_the_plan_and_the_options"
