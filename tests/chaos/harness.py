@@ -17,7 +17,7 @@ from pathlib import Path
 from testbed.scenario.plan import RunOptions, RunResult, prepare_run
 from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import Scenario, load_scenario
-from testbed.scenario.scorecard import SHORT_DEPLOYMENT, short_variant
+from testbed.scenario.short import SHORT_DEPLOYMENT, short_variant
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios"
@@ -35,7 +35,7 @@ TINY = SHORT_DEPLOYMENT
 
 
 def chaos_variant(name: str, **updates: object) -> Scenario:
-    """The short version of scenarios/NAME.yaml (testbed.scenario.scorecard.short_variant, which
+    """The short version of scenarios/NAME.yaml (testbed.scenario.short.short_variant, which
     `testbed scorecard --substrate local` runs too)."""
     return short_variant(load_scenario(SCENARIOS / f"{name}.yaml"), **updates)
 

@@ -14,7 +14,8 @@ from testbed.metrics.scorecard import compare, mean_rows
 from testbed.policy import POLICIES
 from testbed.scenario.library import LIBRARY_DIR
 from testbed.scenario.schema import load_scenario
-from testbed.scenario.scorecard import HINDSIGHT, run_scorecard, short_variant
+from testbed.scenario.scorecard import HINDSIGHT, run_scorecard
+from testbed.scenario.short import short_variant
 from tests.policy.test_policy_plugins import make_package
 from tests.scenario.test_hindsight import drop, short_scenario
 
