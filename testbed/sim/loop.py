@@ -85,7 +85,7 @@ class _Timer(asyncio.TimerHandle):
         self._key = (when, seq)
 
     def __lt__(self, other: object) -> bool:
-        return self._key < other._key  # type: ignore[attr-defined, no-any-return]
+        return self._key < other._key  # type: ignore[attr-defined]
 
 
 class VirtualLoop(asyncio.SelectorEventLoop):
