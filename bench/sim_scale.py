@@ -119,8 +119,13 @@ def main() -> int:
         f"TTFT p50 {summary['ttft_s']['p50']:.2f}s p90 {summary['ttft_s']['p90']:.2f}s; "
         f"history events {len(out.history)}; notes {out.notes}"
     )
-    ok = simulate_s < 600 and rss_gib() < 4
-    print(f"target (simulate < 600 s, RSS < 4 GiB): {'met' if ok else 'NOT met'}")
+    rss_ok = rss_gib() < 4
+    print(
+        f"target (simulate < 600 s on one core, RSS < 4 GiB): wall {simulate_s:.0f} s "
+        f"{'met' if simulate_s < 600 and rss_ok else 'NOT met'}; CPU {cpu_s:.0f} s "
+        f"{'met' if cpu_s < 600 and rss_ok else 'NOT met'} (wall exceeds CPU when other jobs "
+        "share the core)"
+    )
     return 0
 
 
