@@ -31,7 +31,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def scaled_scenario(factor: int, duration: float) -> dict[str, Any]:
+def scaled_scenario(factor: int, duration: float, policy: str) -> dict[str, Any]:
     """paper.yaml's prfaas-pd deployment with every count and the link times `factor`."""
     raw = yaml.safe_load((ROOT / "scenarios/paper.yaml").read_text())
     dep = raw["deployments"]["prfaas-pd"]
@@ -43,6 +43,7 @@ def scaled_scenario(factor: int, duration: float) -> dict[str, Any]:
     raw["duration"] = f"{duration:g}s"
     raw["description"] = f"paper.yaml's prfaas-pd x{factor} (bench/sim_scale.py)"
     raw["checkers"] = [{"check": "failures", "max_fraction": 0}]
+    raw["policy"]["name"] = policy
     return raw
 
 
@@ -57,6 +58,9 @@ def main() -> int:
     ap.add_argument("--cpu", type=int, default=0, help="core to pin to (-1: none)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--write-scenario", type=Path)
+    ap.add_argument(
+        "--policy", default="prfaas-static", help="e.g. prfaas: the re-planning scheduler loops"
+    )
     args = ap.parse_args()
     if args.cpu >= 0:
         os.sched_setaffinity(0, {args.cpu})
@@ -68,7 +72,7 @@ def main() -> int:
     from testbed.scenario.sim_run import sim_inputs
     from testbed.sim import simulate
 
-    raw = scaled_scenario(args.factor, args.duration)
+    raw = scaled_scenario(args.factor, args.duration, args.policy)
     if args.write_scenario:
         args.write_scenario.write_text(yaml.safe_dump(raw, sort_keys=False))
     scenario = Scenario.model_validate(raw)
@@ -79,7 +83,8 @@ def main() -> int:
     dep = rp.deployment
     n_inst = (dep.prfaas.instances if dep.prfaas else 0) + dep.local.instances
     print(
-        f"paper.yaml prfaas-pd x{args.factor}: {n_inst} instances, {rp.plan.gpus} GPUs, link "
+        f"paper.yaml prfaas-pd x{args.factor}, {rp.policy}: {n_inst} instances, "
+        f"{rp.plan.gpus} GPUs, link "
         f"{dep.link.bandwidth * 8 / 1e12:.1f} Tbps; plan lambda_max {rp.plan.lambda_max_rps:.1f}"
         f" req/s, N_p/N_d {rp.n_prefill}/{rp.n_decode}, t={rp.threshold_tokens}; "
         f"{len(rp.requests)} requests over {args.duration:.0f}s; pinned to core "
