@@ -107,6 +107,9 @@ class SimLink:
         self.rng = random.Random(seed)
         self.flows: dict[Flow, None] = {}
         """The active flows, in start order (a dict: O(1) removal)."""
+        self._by_sender: dict[str, dict[Flow, None]] = {}
+        """The active flows of each sender (its acknowledged and in-flight bytes walk only
+        those: the short-term loop polls every sender)."""
         self.t = 0.0
         self.delivered = 0.0
         """Real bytes carried so far (cumulative, what the link samples report)."""
@@ -165,7 +168,7 @@ class SimLink:
             flow.produce_until = now + duration
         if self.resetting and self.rng.random() < self.reset_toxicity:
             flow.tags["reset_at"] = now + self.reset_after
-        self.flows[flow] = None
+        self._add(flow)
         self._reschedule(now)
 
     def cancel(self, flow: Flow) -> None:
@@ -180,7 +183,7 @@ class SimLink:
             return
         self._advance(now)
         flow.done = True
-        self.flows.pop(flow, None)
+        self._remove(flow)
         self._reschedule(now)
 
     def in_queue(self, sender: str) -> float:
@@ -188,11 +191,9 @@ class SimLink:
         in-flight plus queued bytes)."""
         now = self.loop.time()
         if self._fast:
-            return sum(
-                f.produced(now) - self._fast_sent(f, now) for f in self.flows if f.sender == sender
-            )
+            return sum(f.produced(now) - self._fast_sent(f, now) for f in self._of(sender))
         self._advance(now)
-        return sum(f.produced(now) - f.sent for f in self.flows if f.sender == sender)
+        return sum(f.produced(now) - f.sent for f in self._of(sender))
 
     def carried(self) -> float:
         """Real bytes the link has carried so far (what its samples report)."""
@@ -206,10 +207,25 @@ class SimLink:
         now = self.loop.time()
         if self._fast:
             return self.acked_by.get(sender, 0.0) + sum(
-                self._fast_sent(f, now) - f.sent for f in self.flows if f.sender == sender
+                self._fast_sent(f, now) - f.sent for f in self._of(sender)
             )
         self._advance(now)
         return self.acked_by.get(sender, 0.0)
+
+    def _of(self, sender: str) -> list[Flow]:
+        return list(self._by_sender.get(sender, ()))
+
+    def _add(self, flow: Flow) -> None:
+        self.flows[flow] = None
+        self._by_sender.setdefault(flow.sender, {})[flow] = None
+
+    def _remove(self, flow: Flow) -> None:
+        self.flows.pop(flow, None)
+        mine = self._by_sender.get(flow.sender)
+        if mine is not None:
+            mine.pop(flow, None)
+            if not mine:
+                del self._by_sender[flow.sender]
 
     # ------------------------------------------------------------------ fast mode
 
@@ -228,7 +244,7 @@ class SimLink:
         self._add_fast(flow, now)
 
     def _add_fast(self, flow: Flow, now: float) -> None:
-        self.flows[flow] = None
+        self._add(flow)
         self._rate_sum += flow.rate
         self._anchor_sum += flow.rate * flow.sent_t
         heapq.heappush(self._ends, (flow.produce_until, next(self._seq), flow))
@@ -236,7 +252,7 @@ class SimLink:
             self._arm_fast()
 
     def _drop_fast(self, flow: Flow) -> None:
-        del self.flows[flow]
+        self._remove(flow)
         if self.flows:
             self._rate_sum -= flow.rate
             self._anchor_sum -= flow.rate * flow.sent_t
@@ -362,7 +378,7 @@ class SimLink:
 
     def _fail(self, flow: Flow, reason: str) -> None:
         flow.done = True
-        self.flows.pop(flow, None)
+        self._remove(flow)
         flow.on_fail(reason)
 
     def _advance(self, now: float) -> None:
@@ -413,7 +429,7 @@ class SimLink:
         for f in list(self.flows):
             if f.sent >= f.size - _EPS * max(f.size, 1.0) and f.produced(now) >= f.size:
                 f.done = True
-                self.flows.pop(f, None)
+                self._remove(f)
                 f.on_done(now + self.one_way())
                 continue
             reset_at = f.tags.get("reset_at")
