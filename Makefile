@@ -38,14 +38,14 @@ $(STAMP): pyproject.toml
 
 # The tiny real-model tests need torch (the optional `model` extra); only the tests install it.
 $(MODEL_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[dev,compose,model]'
+	$(BIN)/python -m pip install -q -e '.[dev,compose,model,ray]'
 	@touch $(MODEL_STAMP)
 
 test: $(MODEL_STAMP)
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not chaos and not compose and not model"
+	$(BIN)/python -m pytest -q -m "not slow and not chaos and not compose and not model and not ray"
 
 chaos: $(STAMP)
 	$(BIN)/python -m pytest -q -m "chaos and not model"
