@@ -4,6 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 MODEL_STAMP := $(VENV)/.model-installed
+TEST_STAMP := $(VENV)/.test-installed
 NAME   ?= burst
 SUBSTRATE ?= local
 ARGS   ?=
@@ -38,10 +39,15 @@ $(STAMP): pyproject.toml
 
 # The tiny real-model tests need torch (the optional `model` extra); only the tests install it.
 $(MODEL_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[dev,compose,model,ray]'
+	$(BIN)/python -m pip install -q -e '.[dev,compose,model]'
 	@touch $(MODEL_STAMP)
 
-test: $(MODEL_STAMP)
+# The suite also runs `testbed sweep --ray` on a local Ray head (marker `ray`): the ray extra.
+$(TEST_STAMP): $(MODEL_STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev,compose,model,ray]'
+	@touch $(TEST_STAMP)
+
+test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)
