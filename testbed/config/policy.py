@@ -8,7 +8,14 @@ from pydantic import Field
 
 from testbed.config.base import Duration, PositiveDuration, StrictModel, Tokens
 
-__all__ = ["LongTermConfig", "PlannerConfig", "PolicyConfig", "ShortTermConfig", "SloConfig"]
+__all__ = [
+    "LongTermConfig",
+    "PlannerConfig",
+    "PolicyConfig",
+    "PredictConfig",
+    "ShortTermConfig",
+    "SloConfig",
+]
 
 
 class SloConfig(StrictModel):
@@ -55,9 +62,25 @@ class LongTermConfig(StrictModel):
     sustain: int = Field(6, ge=1)
     """Consecutive checks (x interval = 60 s) a move must be wanted before it is made."""
     pressure: float = Field(0.8, ge=0)
+    predrain: int = Field(3, ge=0)
+    """Checks before a conversion is decided at which its instances start draining (x
+    interval = 30 s ahead): the wait for requests queued for prefill elsewhere overlaps the
+    confirmation window. 0: drain only once the conversion is decided."""
     role_switch: Duration = 5.0
     """Real-world time a PD instance needs to restart in the other role once drained."""
     drain_timeout: PositiveDuration = 300.0
+
+
+class PredictConfig(StrictModel):
+    """`prfaas-predict`'s knobs (testbed/policy/predict.py; defaults justified in
+    docs/scheduler.md)."""
+
+    link_headroom: float = Field(0.9, gt=0, le=1)
+    """Share of the estimated bandwidth a new transfer is predicted to get."""
+    count_queued_kv: bool = True
+    """Count the KV the PrfaaS queues will put on the link ahead of a request."""
+    recount_s: PositiveDuration = 1.0
+    """Real-world seconds between recounts of the PrfaaS instances (an O(n) scan)."""
 
 
 class PolicyConfig(StrictModel):
@@ -65,6 +88,8 @@ class PolicyConfig(StrictModel):
     threshold: Tokens | Literal["auto"] = "auto"
     short_term: ShortTermConfig = Field(default_factory=lambda: ShortTermConfig())
     long_term: LongTermConfig = Field(default_factory=lambda: LongTermConfig())
+    predict: PredictConfig = Field(default_factory=lambda: PredictConfig())
+    """Knobs of `prfaas-predict` (ignored by the other policies)."""
 
 
 class PlannerConfig(StrictModel):
