@@ -77,10 +77,28 @@ class PredictConfig(StrictModel):
 
     link_headroom: float = Field(0.9, gt=0, le=1)
     """Share of the estimated bandwidth a new transfer is predicted to get."""
+    backlog_s: PositiveDuration = 0.5
+    """A link backlog this long at the delivered rate makes the delivered rate the prediction's
+    bandwidth (the estimate lags a drop by seconds)."""
     count_queued_kv: bool = True
-    """Count the KV the PrfaaS queues will put on the link ahead of a request."""
+    """Count the KV of every request outstanding on PrfaaS as ahead on the link, not only the
+    bytes already sent."""
+    busy_weight: float = Field(0.0, ge=0)
+    """Weight of the time an option keeps its resource busy (T_prefill on PD-P; the larger of
+    T_prefill on PrfaaS and the KV's time on the link) added to the predicted first token:
+    what a request costs the ones that arrive after it."""
+    min_bandwidth_share: float = Field(0.05, ge=0, le=1)
+    """Least share of the highest estimate seen that predictions believe in: a black hole's
+    estimate falls to zero, yet it heals, and what waits for the link then crosses at once."""
+    pull_prefixes: bool = True
+    """Weigh pulling a prefix cached in PrfaaS before a PD-P prefill (abundant link only)."""
+    ttft_target: PositiveDuration | None = 10.0
+    """A request predicted to miss this on both options goes where it keeps a resource busy
+    for less; None: always the earliest first token."""
+    triage_slack: float = Field(1.5, ge=1)
+    """... as long as its first token there is predicted at most this factor later."""
     recount_s: PositiveDuration = 1.0
-    """Real-world seconds between recounts of the PrfaaS instances (an O(n) scan)."""
+    """Real-world seconds between sums of the PrfaaS queues' KV (an O(n) scan)."""
 
 
 class PolicyConfig(StrictModel):

@@ -27,6 +27,7 @@ prediction would use is not in state "ok" (suspect). Parameters: `PredictConfig`
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from testbed.config import DeploymentKind
@@ -45,20 +46,20 @@ from testbed.policy.base import (
 __all__ = ["Prediction", "PrfaasPredict", "predict"]
 
 
+@dataclass(frozen=True, slots=True)
 class Prediction:
-    """Predicted first-token time (seconds from now, real-world) of each prefill option; inf
-    where the option does not exist. Kept for tests and the bench's explanations."""
+    """What `predict` says of one request: first-token time (seconds from now, real-world) on
+    each prefill option (inf where the option does not exist) and how long each option keeps
+    its resource busy (what the request costs the ones arriving after it)."""
 
-    __slots__ = ("local", "prfaas", "transfer_s")
-
-    def __init__(self, local: float, prfaas: float, transfer_s: float) -> None:
-        self.local = local
-        self.prfaas = prfaas
-        self.transfer_s = transfer_s
-        """The PrfaaS option's link part (waiting behind what is ahead, then its own KV)."""
-
-    def __repr__(self) -> str:
-        return f"Prediction(local={self.local:.3f}, prfaas={self.prfaas:.3f})"
+    local: float
+    prfaas: float
+    local_busy: float = 0.0
+    """T_prefill on PD-P."""
+    prfaas_busy: float = 0.0
+    """The larger of T_prefill on PrfaaS and the KV's time on the link."""
+    pull_tokens: int = 0
+    """Prefix pulled from PrfaaS before a PD-P prefill (the local option's plan), 0 if none."""
 
 
 def _ok(inst: InstanceLoad | None) -> bool:
@@ -72,6 +73,22 @@ def _lookup(snapshot: Snapshot, cluster: Cluster, role: str) -> InstanceLoad | N
         return None
 
 
+def link_rate(link: LinkView, config: PredictConfig, floor: float = 0.0) -> float | None:
+    """Bytes/s a new transfer is predicted to get: the short-term loop's estimate, or the rate
+    the link delivered if a backlog of `backlog_s` stands in front of it (the estimate follows
+    a drop within seconds; a standing queue shows it at once), never below `floor` (a black
+    hole's estimate falls to zero, but it heals: see `min_bandwidth_share`), times
+    `link_headroom`. None while the estimator is cold."""
+    bw = link.bandwidth_bps
+    if bw is None:
+        return None
+    delivered = link.delivered_bps
+    if delivered and delivered > 0 and link.in_flight_bytes > delivered * config.backlog_s:
+        bw = min(bw, delivered)
+    bw = max(bw, floor)
+    return bw * config.link_headroom if bw > 0 else None
+
+
 def predict(
     request: RequestView,
     local: InstanceLoad | None,
@@ -79,37 +96,47 @@ def predict(
     costs: CostModel,
     link: LinkView,
     config: PredictConfig,
-    n_prfaas: int = 1,
+    pending_kv: float = 0.0,
+    floor_bps: float = 0.0,
 ) -> Prediction:
-    """First-token time of `request` on each option (see the module docstring); `n_prfaas` is
-    the number of PrfaaS prefill instances whose queues feed the link alongside ours."""
+    """First-token time of `request` on each option (see the module docstring). `pending_kv`:
+    real-world KV bytes of every request outstanding on PrfaaS (sent, in flight or still to be
+    computed), which the link carries before or alongside this request's; `floor_bps`: the
+    least bandwidth to believe in (`link_rate`)."""
     inf = float("inf")
-    t_local = inf
+    bw = link_rate(link, config, floor_bps)
+    rtt = link.rtt_s or 0.0
+    ahead = link.in_flight_bytes
+    if config.count_queued_kv:
+        ahead = max(ahead, pending_kv)
+    # Counted whole although the link shares its rate among transfers (a short KV passes a long
+    # one): a transfer also slows every other one by its own size, so charging the backlog to
+    # each newcomer keeps short prompts off a narrow link (tried: charging at most n x its own
+    # size sent more short prompts across and raised P90 TTFT, see docs/scheduler.md).
+    t_local = busy_local = inf
+    pull = 0
     if local is not None:
-        uncached = max(request.input_tokens - request.cached_local, 0)
-        t_local = local.queue_wait_s + costs.prefill_s("local", uncached)
-    t_prfaas, transfer = inf, inf
-    bw = link.bandwidth_bps
-    if prfaas is not None and bw is not None and bw > 0:
-        uncached = max(request.input_tokens - request.cached_prfaas, 0)
-        prefill_done = prfaas.queue_wait_s + costs.prefill_s("prfaas", uncached)
-        kv = request.kv_bytes
-        if kv <= 0:  # the router did not say: the KV of what the local side lacks
-            kv = costs.kv_bytes(max(request.input_tokens - request.cached_local, 0))
-        usable = bw * config.link_headroom
-        ahead = link.in_flight_bytes
-        if config.count_queued_kv and prfaas.outstanding_work > 0:
-            # The PrfaaS queues emit their KV onto the same link before ours; the least-loaded
-            # queue stands for each of them (the others hold at least as much).
-            ahead += n_prfaas * costs.kv_bytes(prfaas.outstanding_work)
-        link_free = ahead / usable
-        own = kv / usable
-        rtt = link.rtt_s or 0.0
-        # KV leaves layer by layer during the prefill, so only what the link cannot absorb by
-        # the time the prefill ends (its backlog, then our bytes) adds to the prefill.
-        done = max(prefill_done, link_free) + own + rtt
-        t_prfaas, transfer = done, done - prefill_done
-    return Prediction(t_local, t_prfaas, transfer)
+        busy_local = costs.prefill_s("local", max(request.input_tokens - request.cached_local, 0))
+        t_local = local.queue_wait_s + busy_local
+        extra = request.cached_prfaas - request.cached_local
+        if config.pull_prefixes and extra > 0 and bw is not None and not link.scarce:
+            # the paper's cache-aware rule on an abundant link, as a third option: pull the
+            # longer prefix across, then prefill the rest locally
+            rest = costs.prefill_s("local", max(request.input_tokens - request.cached_prfaas, 0))
+            t_pull = (ahead + costs.kv_bytes(extra)) / bw + rtt + local.queue_wait_s + rest
+            if t_pull < t_local:
+                t_local, busy_local, pull = t_pull, rest, extra
+    t_prfaas = busy_prfaas = inf
+    if prfaas is not None and bw is not None:
+        compute = costs.prefill_s("prfaas", max(request.input_tokens - request.cached_prfaas, 0))
+        prefill_done = prfaas.queue_wait_s + compute
+        # the KV sent is what the decode side lacks (docs/scheduler.md, "Prefix cache")
+        kv = costs.kv_bytes(max(request.input_tokens - request.cached_local, 0))
+        # KV leaves layer by layer during the prefill: the link part only adds where it
+        # outlasts the prefill
+        t_prfaas = max(prefill_done, (ahead + kv) / bw) + rtt
+        busy_prfaas = max(compute, kv / bw)
+    return Prediction(t_local, t_prfaas, busy_local, busy_prfaas, pull)
 
 
 @POLICIES.register
@@ -129,25 +156,28 @@ class PrfaasPredict:
     def __init__(self, config: PredictConfig | None = None) -> None:
         self.config = config if config is not None else PredictConfig()
         self._count_at = -float("inf")
-        self._n_prfaas = 1
+        self._pending_kv = 0.0
+        self._peak_bps = 0.0
+        """The highest bandwidth estimate seen (the link's nominal rate, in practice)."""
+        self.last: Prediction | None = None
+        """The latest decision's prediction (for tests and the bench)."""
         self.guarded = 0
         """Decisions the threshold made (stale predictions); for tests and the bench."""
         self.predicted = 0
 
-    def _prfaas_count(self, snapshot: Snapshot) -> int:
-        """PrfaaS prefill instances in state ok, recounted at most every `recount_s` of
-        snapshot time: a scan is O(n), a decision must not be, and the count rarely moves."""
+    def _pending(self, snapshot: Snapshot, costs: CostModel) -> float:
+        """KV bytes outstanding on PrfaaS (`predict`'s `pending_kv`): summed over the PrfaaS
+        instances at most every `recount_s` of snapshot time (a scan is O(n), a decision must
+        not be), plus the KV this policy has sent there since."""
         if snapshot.now - self._count_at >= self.config.recount_s or snapshot.now < self._count_at:
             self._count_at = snapshot.now
-            self._n_prfaas = max(
-                1,
-                sum(
-                    1
-                    for i in snapshot.instances
-                    if i.cluster == "prfaas" and i.role == "prefill" and i.state == "ok"
-                ),
-            )
-        return self._n_prfaas
+            kv = 0.0
+            for i in snapshot.instances:
+                if i.cluster == "prfaas" and i.role == "prefill" and i.outstanding:
+                    # per request: S_kv is near linear, so the mean length stands for each
+                    kv += i.outstanding * costs.kv_bytes(i.outstanding_work / i.outstanding)
+            self._pending_kv = kv
+        return self._pending_kv
 
     def decide(self, request: RequestView, snapshot: Snapshot) -> Route:
         decode = _lookup(snapshot, "local", "decode")
@@ -169,19 +199,39 @@ class PrfaasPredict:
         )
         if stale or local is None or prfaas is None:
             self.guarded += 1
-            return self._guard(request, snapshot, local, prfaas, decode, t)
-        assert costs is not None and link is not None
-        p = predict(
-            request, local, prfaas, costs, link, self.config, self._prfaas_count(snapshot)
-        )
+            return self._guard(request, local, prfaas, decode, t)
+        assert costs is not None and link is not None and link.bandwidth_bps is not None
+        self._peak_bps = max(self._peak_bps, link.bandwidth_bps)
+        pending = self._pending(snapshot, costs) if self.config.count_queued_kv else 0.0
+        floor = self.config.min_bandwidth_share * self._peak_bps
+        p = predict(request, local, prfaas, costs, link, self.config, pending, floor)
         self.predicted += 1
-        cluster: Cluster = "prfaas" if p.prfaas < p.local else "local"
-        return self._route(request, cluster, local if cluster == "local" else prfaas, decode, t)
+        self.last = p
+        cluster = self.choose(p)
+        if cluster == "prfaas":
+            self._pending_kv += costs.kv_bytes(request.input_tokens - request.cached_local)
+            return self._route(request, cluster, prfaas, decode, t)
+        route = self._route(request, cluster, local, decode, t)
+        if p.pull_tokens:
+            return replace(route, uncached_tokens=request.input_tokens - request.cached_prfaas,
+                           pull_prefix_tokens=p.pull_tokens)  # fmt: skip
+        return route
+
+    def choose(self, p: Prediction) -> Cluster:
+        """The option whose first token comes first, plus `busy_weight` x the time it keeps its
+        resource busy; a request that misses `ttft_target` on both goes where it keeps a
+        resource busy for less (it is late anyway; the ones behind it need not be)."""
+        w, target = self.config.busy_weight, self.config.ttft_target
+        best = min(p.local, p.prfaas)
+        if target is not None and best > target:
+            lighter: Cluster = "prfaas" if p.prfaas_busy < p.local_busy else "local"
+            if (p.prfaas if lighter == "prfaas" else p.local) <= best * self.config.triage_slack:
+                return lighter
+        return "prfaas" if p.prfaas + w * p.prfaas_busy < p.local + w * p.local_busy else "local"
 
     def _guard(
         self,
         request: RequestView,
-        snapshot: Snapshot,
         local: InstanceLoad | None,
         prfaas: InstanceLoad | None,
         decode: InstanceLoad,

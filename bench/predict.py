@@ -1,0 +1,284 @@
+"""`prfaas-predict` against `prfaas`, `prfaas-static` and the best fixed threshold in hindsight
+(issue #18), on the sim substrate; every figure is the mean over three seeds (min-max shown).
+
+1. bandwidth drop (library `bandwidth-drop`, 100 -> 5 Gbps for 60 s) at 50% of lambda_max:
+   P90 TTFT of the requests arriving during the drop, per policy; the hindsight row is
+   `prfaas-static` at the fixed threshold (from a grid) whose mean over the seeds is lowest.
+2. the dynamic scenarios of the library (burst, diurnal, link-flap, jitter, bandwidth-drop,
+   traffic-shift, cache-skew, mooncake-trace) with `workload.arrivals.load` set to 1.0 (100%
+   of the planner's lambda_max; for diurnal that is its base load, its peaks stack on top):
+   SLO attainment (TTFT and TPOT within the SLO) and P90 TTFT per policy.
+3. saturation on the steady paper workload (bench/fidelity.py's method: uniform arrivals at
+   120% of lambda_max, 600 s real-world, completion rate over the last five sixths).
+
+Usage: python bench/predict.py [--only drop|dynamic|saturation] [--seeds 3] [--jobs 2]
+       [--report FILE] [--json FILE]
+A few minutes on 2 cores (each sim run takes 0.3-5 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from testbed.scenario.library import LIBRARY_DIR
+from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.schema import Scenario, load_scenario
+from testbed.scenario.sweep import completion_rate, simulate_scenario
+
+POLICIES = ("prfaas-predict", "prfaas", "prfaas-static")
+DYNAMIC = (
+    "burst",
+    "diurnal",
+    "link-flap",
+    "jitter",
+    "bandwidth-drop",
+    "traffic-shift",
+    "cache-skew",
+    "mooncake-trace",
+)
+THRESHOLDS = (2_000, 5_000, 10_000, 15_000, 20_000, 25_000, 30_000, 40_000, 50_000, 65_000,
+              80_000, 100_000)  # fmt: skip
+"""Fixed thresholds (tokens) the hindsight search tries for prfaas-static."""
+
+
+def _scenario(
+    name: str, *, policy: str, seed_offset: int, load: float | None = None,
+    threshold: float | None = None, duration: float | None = None,
+    arrivals: dict[str, Any] | None = None,
+) -> Scenario:  # fmt: skip
+    base = load_scenario(LIBRARY_DIR / f"{name}.yaml")
+    wl = base.workload
+    arr = wl.arrivals.model_copy(update={**({"load": load} if load is not None else {}),
+                                         **(arrivals or {})})  # fmt: skip
+    pol = base.policy.model_copy(
+        update={"name": policy, **({"threshold": threshold} if threshold is not None else {})}
+    )
+    return base.model_copy(
+        update={
+            "seed": base.seed + seed_offset,
+            "policy": pol,
+            "checkers": [],
+            "workload": wl.model_copy(update={"arrivals": arr}),
+            **({"duration": duration} if duration is not None else {}),
+        }
+    )
+
+
+def _p90(records: Sequence[Any], lo: float, hi: float) -> float | None:
+    vals = [r.ttft for r in records if r.ttft is not None and lo <= r.arrival < hi]
+    return float(np.percentile(vals, 90)) if vals else None
+
+
+def _rate(name: str, load: float) -> float:
+    """The arrival rate `load` means with the planner's own t: a fixed-t run keeps it (with
+    `load`, a worse t would lower lambda_max and with it the offered rate)."""
+    sc = _scenario(name, policy="prfaas-static", seed_offset=0, load=load)
+    rp = prepare_run(sc, RunOptions(substrate="sim", out_dir=Path("unused"), progress=False))
+    assert rp.rate_rps is not None
+    return float(rp.rate_rps)
+
+
+def drop_run(job: tuple[str, int, float | None, float]) -> dict[str, Any]:
+    policy, seed, threshold, rate = job
+    sc = _scenario(
+        "bandwidth-drop", policy=policy, seed_offset=seed, threshold=threshold,
+        arrivals={"load": None, "rate": rate},
+    )  # fmt: skip
+    fault = next(e for e in sc.nemesis if e.action == "bandwidth")
+    assert fault.for_ is not None
+    _, summary, recs = simulate_scenario(sc)
+    return {
+        "policy": policy,
+        "seed": seed,
+        "threshold": threshold,
+        "p90_during_s": _p90(recs, fault.at, fault.at + fault.for_),
+        "p90_before_s": _p90(recs, fault.at - fault.for_, fault.at),
+        "failed": summary["requests"]["failed"],
+        "requests": len(recs),
+    }
+
+
+def dynamic_run(job: tuple[str, str, int]) -> dict[str, Any]:
+    name, policy, seed = job
+    _, s, recs = simulate_scenario(_scenario(name, policy=policy, seed_offset=seed, load=1.0))
+    return {
+        "scenario": name,
+        "policy": policy,
+        "seed": seed,
+        "slo_attainment": s["slo_attainment"],
+        "p90_ttft_s": s["ttft_s"]["p90"],
+        "failed": s["requests"]["failed"],
+        "requests": len(recs),
+    }
+
+
+def saturation_run(job: tuple[str, int, float]) -> dict[str, Any]:
+    policy, seed, duration = job
+    sc = _scenario("paper", policy=policy, seed_offset=seed, load=1.2, duration=duration,
+                   arrivals={"process": "uniform"})  # fmt: skip
+    rp, _, recs = simulate_scenario(sc)
+    return {
+        "policy": policy,
+        "seed": seed,
+        "rate_rps": completion_rate(recs, rp.duration_s / 6, rp.duration_s),
+        "planner_rps": rp.plan.lambda_max_rps,
+    }
+
+
+def _mean(rows: list[dict[str, Any]], key: str) -> tuple[float, float, float] | None:
+    vals = [r[key] for r in rows if r[key] is not None]
+    if not vals:
+        return None
+    return statistics.fmean(vals), min(vals), max(vals)
+
+
+def _fmt(m: tuple[float, float, float] | None, spec: str, unit: str = "") -> str:
+    if m is None:
+        return "-"
+    return f"{m[0]:{spec}}{unit} ({m[1]:{spec}}-{m[2]:{spec}})"
+
+
+def run_drop(pool: ProcessPoolExecutor, seeds: int) -> dict[str, Any]:
+    rate = _rate("bandwidth-drop", 0.5)
+    jobs: list[tuple[str, int, float | None, float]] = [
+        (p, s, None, rate) for p in POLICIES for s in range(seeds)
+    ]
+    jobs += [("prfaas-static", s, float(t), rate) for t in THRESHOLDS for s in range(seeds)]
+    rows = list(pool.map(drop_run, jobs))
+    by_t: dict[float, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["threshold"] is not None:
+            by_t.setdefault(r["threshold"], []).append(r)
+    means = {t: _mean(rs, "p90_during_s") for t, rs in by_t.items()}
+    best_t = min((t for t in means if means[t] is not None), key=lambda t: means[t][0])  # type: ignore[index]
+    table = {p: [r for r in rows if r["policy"] == p and r["threshold"] is None] for p in POLICIES}
+    table[f"hindsight (prfaas-static, t={best_t:,.0f})"] = by_t[best_t]
+    return {"rows": rows, "table": table, "best_t": best_t, "grid": means}
+
+
+def render_drop(d: dict[str, Any], seeds: int) -> list[str]:
+    out = [
+        "## Bandwidth drop at 50% of lambda_max (sim)\n",
+        f"100 -> 5 Gbps for 60 s; P90 TTFT of requests arriving in the 60 s before / during the "
+        f"drop, mean over {seeds} seeds (min-max).\n",
+        "| policy | P90 TTFT before | P90 TTFT during | vs hindsight-best | failed |",
+        "|---|---|---|---|---|",
+    ]
+    hind = next(v for k, v in d["table"].items() if k.startswith("hindsight"))
+    ref = _mean(hind, "p90_during_s")
+    for name, rows in d["table"].items():
+        during = _mean(rows, "p90_during_s")
+        rel = f"{during[0] / ref[0] - 1:+.1%}" if during and ref else "-"
+        failed = sum(r["failed"] for r in rows)
+        total = sum(r["requests"] for r in rows)
+        out.append(
+            f"| {name} | {_fmt(_mean(rows, 'p90_before_s'), '.1f', ' s')} | "
+            f"{_fmt(during, '.1f', ' s')} | {rel} | {failed}/{total} |"
+        )
+    grid = ", ".join(
+        f"{t / 1000:g}K: {m[0]:.1f}" for t, m in sorted(d["grid"].items()) if m is not None
+    )
+    out += ["", f"Hindsight grid (fixed t: mean P90 during, s): {grid}.", ""]
+    return out
+
+
+def run_dynamic(pool: ProcessPoolExecutor, seeds: int) -> list[dict[str, Any]]:
+    jobs = [(n, p, s) for n in DYNAMIC for p in POLICIES for s in range(seeds)]
+    return list(pool.map(dynamic_run, jobs))
+
+
+def render_dynamic(rows: list[dict[str, Any]], seeds: int) -> list[str]:
+    out = [
+        "## Dynamic scenarios at 100% of lambda_max (sim)\n",
+        f"SLO attainment (share of requests within the TTFT and TPOT SLOs) and P90 TTFT, mean "
+        f"over {seeds} seeds; \"margin\" is prfaas-predict's attainment minus the better of "
+        "prfaas and prfaas-static, in points.\n",
+        "| scenario | " + " | ".join(f"{p} SLO / P90" for p in POLICIES) + " | margin |",
+        "|---|" + "---|" * (len(POLICIES) + 1),
+    ]
+    wins = 0
+    for name in DYNAMIC:
+        cells, att = [], {}
+        for p in POLICIES:
+            rs = [r for r in rows if r["scenario"] == name and r["policy"] == p]
+            a, q = _mean(rs, "slo_attainment"), _mean(rs, "p90_ttft_s")
+            att[p] = a[0] if a else float("nan")
+            cells.append(f"{a[0]:.1%} / {q[0]:.1f} s" if a and q else "-")
+        margin = (att["prfaas-predict"] - max(att["prfaas"], att["prfaas-static"])) * 100
+        wins += margin >= 5
+        out.append(f"| {name} | " + " | ".join(cells) + f" | {margin:+.1f} |")
+    out += ["", f"prfaas-predict is 5+ points above the better of the two on {wins} of "
+            f"{len(DYNAMIC)}.", ""]  # fmt: skip
+    return out
+
+
+def run_saturation(pool: ProcessPoolExecutor, seeds: int, duration: float) -> list[dict[str, Any]]:
+    jobs = [(p, s, duration) for p in POLICIES for s in range(seeds)]
+    return list(pool.map(saturation_run, jobs))
+
+
+def render_saturation(rows: list[dict[str, Any]], seeds: int, duration: float) -> list[str]:
+    planner = rows[0]["planner_rps"]
+    static = _mean([r for r in rows if r["policy"] == "prfaas-static"], "rate_rps")
+    out = [
+        "## Saturation, steady paper workload (sim)\n",
+        f"Uniform arrivals at 120% of lambda_max ({planner:.2f} req/s), {duration:.0f} s; "
+        f"completion rate over the last five sixths, mean over {seeds} seeds.\n",
+        "| policy | saturation req/s | vs planner | vs prfaas-static |",
+        "|---|---|---|---|",
+    ]
+    for p in POLICIES:
+        m = _mean([r for r in rows if r["policy"] == p], "rate_rps")
+        assert m is not None and static is not None
+        out.append(f"| {p} | {_fmt(m, '.2f')} | {m[0] / planner - 1:+.1%} | "
+                   f"{m[0] / static[0] - 1:+.1%} |")  # fmt: skip
+    out.append("")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--only", choices=("drop", "dynamic", "saturation"))
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--duration", type=float, default=600.0, help="saturation run, real-world s")
+    ap.add_argument("--report", type=Path, help="also write the tables to this markdown file")
+    ap.add_argument("--json", type=Path, help="also write the raw rows as JSON")
+    args = ap.parse_args()
+    out = [f"# prfaas-predict on the sim (`python bench/predict.py`, {args.seeds} seeds)\n"]
+    raw: dict[str, Any] = {}
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        if args.only in (None, "drop"):
+            d = run_drop(pool, args.seeds)
+            raw["drop"] = d["rows"]
+            out += render_drop(d, args.seeds)
+            print("\n".join(out), flush=True)
+        if args.only in (None, "dynamic"):
+            rows = run_dynamic(pool, args.seeds)
+            raw["dynamic"] = rows
+            out += render_dynamic(rows, args.seeds)
+        if args.only in (None, "saturation"):
+            rows = run_saturation(pool, args.seeds, args.duration)
+            raw["saturation"] = rows
+            out += render_saturation(rows, args.seeds, args.duration)
+    text = "\n".join(out)
+    print(text)
+    if args.report:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(text)
+    if args.json:
+        args.json.write_text(json.dumps(raw, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
