@@ -95,8 +95,9 @@ class PredictConfig(StrictModel):
     ttft_target: PositiveDuration | None = 10.0
     """A request predicted to miss this on both options goes where it keeps a resource busy
     for less; None: always the earliest first token."""
-    triage_slack: float = Field(1.5, ge=1)
-    """... as long as its first token there is predicted at most this factor later."""
+    triage_slack: float | None = Field(None, ge=1)
+    """... if its first token there is predicted at most this factor later than on the other
+    (None: whatever the factor)."""
     recount_s: PositiveDuration = 1.0
     """Real-world seconds between sums of the PrfaaS queues' KV (an O(n) scan)."""
 

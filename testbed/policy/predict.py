@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from testbed.config import DeploymentKind
-from testbed.config.policy import PredictConfig
+from testbed.config.policy import PolicyConfig, PredictConfig
 from testbed.policy.base import (
     POLICIES,
     Cluster,
@@ -153,6 +153,11 @@ class PrfaasPredict:
     cache_aware: ClassVar[bool] = True
     """Predictions charge each cluster only the tokens its own cache lacks."""
 
+    @classmethod
+    def from_config(cls, config: PolicyConfig) -> PrfaasPredict:
+        """The scenario's `policy.predict` knobs (testbed.policy.make_policy)."""
+        return cls(config.predict)
+
     def __init__(self, config: PredictConfig | None = None) -> None:
         self.config = config if config is not None else PredictConfig()
         self._count_at = -float("inf")
@@ -225,7 +230,8 @@ class PrfaasPredict:
         best = min(p.local, p.prfaas)
         if target is not None and best > target:
             lighter: Cluster = "prfaas" if p.prfaas_busy < p.local_busy else "local"
-            if (p.prfaas if lighter == "prfaas" else p.local) <= best * self.config.triage_slack:
+            slack = self.config.triage_slack
+            if slack is None or (p.prfaas if lighter == "prfaas" else p.local) <= best * slack:
                 return lighter
         return "prfaas" if p.prfaas + w * p.prfaas_busy < p.local + w * p.local_busy else "local"
 
