@@ -212,9 +212,10 @@ def render_dynamic(rows: list[dict[str, Any]], seeds: int) -> list[str]:
     out = [
         "## Dynamic scenarios at 100% of lambda_max (sim)\n",
         f"SLO attainment (share of requests within the TTFT and TPOT SLOs) and P90 TTFT, mean "
-        f"over {seeds} seeds; \"margin\" is prfaas-predict's attainment minus the better of "
+        f'over {seeds} seeds; "margin" is prfaas-predict\'s attainment minus the better of '
         "prfaas and prfaas-static, in points.\n",
-        "| scenario | " + " | ".join(f"{p}: SLO / P90" for p in POLICIES)
+        "| scenario | "
+        + " | ".join(f"{p}: SLO / P90" for p in POLICIES)
         + " | SLO margin | P90 vs best of the two |",
         "|---|" + "---|" * (len(POLICIES) + 2),
     ]
@@ -231,7 +232,8 @@ def render_dynamic(rows: list[dict[str, Any]], seeds: int) -> list[str]:
         wins += margin >= 5
         ref = min(p90["prfaas"], p90["prfaas-static"])
         out.append(
-            f"| {name} | " + " | ".join(cells)
+            f"| {name} | "
+            + " | ".join(cells)
             + f" | {margin:+.1f} | {p90['prfaas-predict'] / ref - 1:+.0%} |"
         )
     out += ["", f"prfaas-predict is 5+ points above the better of the two on {wins} of "

@@ -174,7 +174,13 @@ async def _run(inp: SimInputs) -> SimOutput:
             done.set_result(None)
 
     dispatcher = SimDispatcher(
-        cluster, make_policy(inp.policy, inp.policy_config), cache, control, inp.scale.byte_scale, live, on_record
+        cluster,
+        make_policy(inp.policy, inp.policy_config),
+        cache,
+        control,
+        inp.scale.byte_scale,
+        live,
+        on_record,
     )
     if inp.threshold_tokens is not None:
         history.append(HistoryEvent(0.0, "policy", {"threshold_tokens": inp.threshold_tokens}))

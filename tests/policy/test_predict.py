@@ -96,8 +96,9 @@ def test_a_narrow_link_with_a_backlog_keeps_long_prompts_local() -> None:
     route = PrfaasPredict().decide(req(50_000), snap(link=narrow))
     # PrfaaS: 5 GB ahead + 5 GB own at 90% of 5 Gbps = 17.8 s; local: 10 s
     assert route.prefill_cluster == "local"
-    p = predict(req(50_000), snap().least_loaded("local", "prefill"),
-                snap().least_loaded("prfaas", "prefill"), COSTS, narrow, PredictConfig())  # fmt: skip
+    idle = snap()
+    local, prfaas = idle.least_loaded("local", "prefill"), idle.least_loaded("prfaas", "prefill")
+    p = predict(req(50_000), local, prfaas, COSTS, narrow, PredictConfig())
     assert p.local == pytest.approx(10.0)
     assert p.prfaas == pytest.approx(2 * 5e9 / (0.9 * 5 * GBPS) + 0.02)
 
@@ -147,15 +148,18 @@ def test_a_prefix_cached_in_prfaas_is_pulled_on_an_abundant_link() -> None:
     assert route.prefill_cluster == "local"
     assert route.pull_prefix_tokens == 45_000 and route.uncached_tokens == 5_000
     scarce = LinkView(100 * GBPS, 0.0, None, 0.02, True)
-    assert PrfaasPredict().decide(req(50_000, prfaas=45_000),
-                                  snap(link=scarce, prfaas_wait=8.0)).pull_prefix_tokens == 0  # fmt: skip
+    route = PrfaasPredict().decide(req(50_000, prfaas=45_000), snap(link=scarce, prfaas_wait=8.0))
+    assert route.pull_prefix_tokens == 0
 
 
 def test_a_request_late_everywhere_goes_where_it_keeps_a_resource_busy_less() -> None:
     # a 40K prompt is late either way: 28 s on PD-P (busy 8 s with it), 37 s on PrfaaS (busy
     # 2 s; its KV 0.36 s on the link)
     s = snap(local_wait=20.0, prfaas_wait=35.0)
-    assert PrfaasPredict(PredictConfig(ttft_target=None)).decide(req(40_000), s).prefill_cluster == "local"
+    assert (
+        PrfaasPredict(PredictConfig(ttft_target=None)).decide(req(40_000), s).prefill_cluster
+        == "local"
+    )
     assert PrfaasPredict().decide(req(40_000), s).prefill_cluster == "prfaas"
     # not when the lighter option is far later than the best and a slack bounds it
     far = snap(local_wait=20.0, prfaas_wait=80.0)
@@ -260,9 +264,7 @@ class _Index:
         self.items = items
         self.calls = 0
 
-    def least(
-        self, cluster: str | None, role: str, exclude: frozenset[str]
-    ) -> InstanceLoad | None:
+    def least(self, cluster: str | None, role: str, exclude: frozenset[str]) -> InstanceLoad | None:
         self.calls += 1
         ok = [
             i for i in self.items
@@ -326,7 +328,9 @@ def test_min_bandwidth_share_is_the_floor_under_the_estimate() -> None:
     for share, expect in ((0.0, "local"), (0.05, "prfaas")):
         policy = PrfaasPredict(PredictConfig(min_bandwidth_share=share, ttft_target=None))
         policy.decide(req(1_000), snap())  # the nominal 100 Gbps seen once
-        assert policy.decide(req(60_000), snap(link=hole, local_wait=20.0)).prefill_cluster == expect
+        assert (
+            policy.decide(req(60_000), snap(link=hole, local_wait=20.0)).prefill_cluster == expect
+        )
 
 
 def test_pull_prefixes_off_never_pulls() -> None:
@@ -357,13 +361,12 @@ def test_count_queued_kv_and_recount_s_decide_what_counts_as_ahead() -> None:
     assert blind.decide(req(40_000), loaded).prefill_cluster == "prfaas"
 
 
-# ---------------------------------------------------------------- the knobs reach a router and a sim
+# ---------------------------------------------------------------- the knobs reach router and sim
 
 
 def test_the_router_makes_the_policy_with_the_scenarios_knobs() -> None:
     from testbed.services.router.dispatch import RouterState
     from testbed.services.spec import ServiceSpec
-
     from tests.services.test_router_spec_fields import INSTANCES
 
     config = PolicyConfig(name="prfaas-predict", predict=PredictConfig(link_headroom=0.5))

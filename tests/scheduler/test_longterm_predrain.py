@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from testbed.config import LongTermConfig
 from testbed.scheduler.longterm import LongTermController, StagePressure
-
-from tests.scheduler.test_loops import FakeClock, _setup
 from tests.scheduler.test_longterm import HOT, _planner
+from tests.scheduler.test_loops import FakeClock, _setup
 
 COLD = StagePressure(prefill=0.1, decode=0.1)
 
