@@ -10,8 +10,10 @@
    SLO attainment (TTFT and TPOT within the SLO) and P90 TTFT per policy.
 3. saturation on the steady paper workload (bench/fidelity.py's method: uniform arrivals at
    120% of lambda_max, 600 s real-world, completion rate over the last five sixths).
+4. ablations: each `policy.predict` knob against the defaults (the drop, link-flap at 100%),
+   and the long-term loop's `predrain` on traffic-shift (when the new split is in force).
 
-Usage: python bench/predict.py [--only drop|dynamic|saturation] [--seeds 3] [--jobs 2]
+Usage: python bench/predict.py [--only drop|dynamic|saturation|ablation] [--seeds 3] [--jobs 2]
        [--report FILE] [--json FILE]
 A few minutes on 2 cores (each sim run takes 0.3-5 s).
 """
@@ -32,7 +34,9 @@ import numpy as np
 from testbed.scenario.library import LIBRARY_DIR
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.schema import Scenario, load_scenario
+from testbed.scenario.sim_run import sim_inputs
 from testbed.scenario.sweep import completion_rate, simulate_scenario
+from testbed.sim.run import simulate
 
 POLICIES: dict[str, tuple[str, dict[str, Any]]] = {
     "prfaas-predict": ("prfaas-predict", {}),
@@ -144,6 +148,92 @@ def saturation_run(job: tuple[str, int, float]) -> dict[str, Any]:
         "rate_rps": completion_rate(recs, rp.duration_s / 6, rp.duration_s),
         "planner_rps": rp.plan.lambda_max_rps,
     }
+
+
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "count_queued_kv: false": {"count_queued_kv": False},
+    "min_bandwidth_share: 0": {"min_bandwidth_share": 0.0},
+    "busy_weight: 0.5": {"busy_weight": 0.5},
+    "ttft_target: null": {"ttft_target": None},
+    "triage_slack: 1.5": {"triage_slack": 1.5},
+}
+"""`policy.predict` variants the ablation table compares with the defaults."""
+
+
+def ablation_run(job: tuple[str, str, int, float]) -> dict[str, Any]:
+    """One variant on the 50%-load drop (P90 during) or link-flap at 100% (SLO attainment)."""
+    label, case, seed, rate = job
+    knobs = ABLATIONS[label]
+    POLICIES[label] = ("prfaas-predict", knobs)
+    if case == "drop":
+        row = drop_run((label, seed, None, rate))
+        return {"label": label, "case": case, "seed": seed, "value": row["p90_during_s"]}
+    row = dynamic_run(("link-flap", label, seed))
+    return {"label": label, "case": case, "seed": seed, "value": row["slo_attainment"]}
+
+
+def shift_run(job: tuple[int, int]) -> dict[str, Any]:
+    """traffic-shift with prfaas-predict, draining ahead (predrain) or not: when the new split
+    is in force and the completion rate over the scenario's throughput window."""
+    predrain, seed = job
+    base = _scenario("traffic-shift", policy="prfaas-predict", seed_offset=seed)
+    lt = base.policy.long_term.model_copy(update={"predrain": predrain})
+    base = load_scenario(LIBRARY_DIR / "traffic-shift.yaml").model_copy(
+        update={"seed": base.seed, "policy": base.policy}
+    )  # keep its throughput checker (the window); _scenario drops the checkers
+    sc = base.model_copy(update={"policy": base.policy.model_copy(update={"long_term": lt})})
+    check = next(c for c in base.checkers if c.check == "throughput")
+    after, until = getattr(check, "after", None), getattr(check, "until", None)
+    assert after is not None and until is not None
+    opts = RunOptions(substrate="sim", out_dir=Path("unused"), progress=False)
+    out = simulate(sim_inputs(prepare_run(sc, opts), opts))
+    recs = out.records
+    splits = [e.t for e in out.history if e.kind == "split"]
+    drains = [e.data.get("drain_s", 0.0) for e in out.history if e.kind == "switched"]
+    return {
+        "predrain": predrain,
+        "seed": seed,
+        "split_at": splits[0] if splits else None,
+        "max_drain_s": max(drains) if drains else None,
+        "rate_rps": completion_rate(recs, after, until),
+    }
+
+
+def run_ablation(pool: ProcessPoolExecutor, seeds: int) -> list[str]:
+    rate = _rate("bandwidth-drop", 0.5)
+    jobs = [(lab, case, s, rate) for lab in ABLATIONS for case in ("drop", "flap")
+            for s in range(seeds)]  # fmt: skip
+    rows = list(pool.map(ablation_run, jobs))
+    out = [
+        "## prfaas-predict knobs (sim)\n",
+        f"Each `policy.predict` variant against the defaults, mean over {seeds} seeds: P90 TTFT "
+        "during the 50%-load bandwidth drop, SLO attainment on link-flap at 100% of "
+        "lambda_max.\n",
+        "| variant | drop: P90 TTFT during | link-flap: SLO attainment |",
+        "|---|---|---|",
+    ]
+    for lab in ABLATIONS:
+        d = _mean([r for r in rows if r["label"] == lab and r["case"] == "drop"], "value")
+        f = _mean([r for r in rows if r["label"] == lab and r["case"] == "flap"], "value")
+        assert d is not None and f is not None
+        out.append(f"| {lab} | {_fmt(d, '.1f', ' s')} | {f[0]:.1%} ({f[1]:.1%}-{f[2]:.1%}) |")
+    shift = list(pool.map(shift_run, [(p, s) for p in (3, 0) for s in range(seeds)]))
+    out += [
+        "",
+        "traffic-shift (80% load) with prfaas-predict, long-term loop draining ahead or not:\n",
+        "| predrain | new split in force at | longest drain | completed req/s in the window |",
+        "|---|---|---|---|",
+    ]
+    for p in (3, 0):
+        rs = [r for r in shift if r["predrain"] == p]
+        out.append(
+            f"| {p} | {_fmt(_mean(rs, 'split_at'), '.0f', ' s')} | "
+            f"{_fmt(_mean(rs, 'max_drain_s'), '.1f', ' s')} | "
+            f"{_fmt(_mean(rs, 'rate_rps'), '.2f')} |"
+        )
+    out.append("")
+    return out
 
 
 def _mean(rows: list[dict[str, Any]], key: str) -> tuple[float, float, float] | None:
@@ -267,7 +357,7 @@ def render_saturation(rows: list[dict[str, Any]], seeds: int, duration: float) -
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--only", choices=("drop", "dynamic", "saturation"))
+    ap.add_argument("--only", choices=("drop", "dynamic", "saturation", "ablation"))
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--duration", type=float, default=600.0, help="saturation run, real-world s")
@@ -286,6 +376,8 @@ def main() -> int:
             rows = run_dynamic(pool, args.seeds)
             raw["dynamic"] = rows
             out += render_dynamic(rows, args.seeds)
+        if args.only in (None, "ablation"):
+            out += run_ablation(pool, args.seeds)
         if args.only in (None, "saturation"):
             rows = run_saturation(pool, args.seeds, args.duration)
             raw["saturation"] = rows

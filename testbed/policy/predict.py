@@ -49,15 +49,17 @@ __all__ = ["Prediction", "PrfaasPredict", "predict"]
 @dataclass(frozen=True, slots=True)
 class Prediction:
     """What `predict` says of one request: first-token time (seconds from now, real-world) on
-    each prefill option (inf where the option does not exist) and how long each option keeps
-    its resource busy (what the request costs the ones arriving after it)."""
+    each prefill option (inf where the option does not exist) and the share of its cluster's
+    capacity each option takes, in seconds (what the request costs the ones arriving after it).
+    """
 
     local: float
     prfaas: float
     local_busy: float = 0.0
-    """T_prefill on PD-P."""
+    """T_prefill on PD-P over the number of PD-P instances."""
     prfaas_busy: float = 0.0
-    """The larger of T_prefill on PrfaaS and the KV's time on the link."""
+    """The larger of T_prefill on PrfaaS over the number of PrfaaS instances and the KV's time
+    on the link (one link: all of its capacity)."""
     pull_tokens: int = 0
     """Prefix pulled from PrfaaS before a PD-P prefill (the local option's plan), 0 if none."""
 
@@ -98,11 +100,14 @@ def predict(
     config: PredictConfig,
     pending_kv: float = 0.0,
     floor_bps: float = 0.0,
+    n_local: int = 1,
+    n_prfaas: int = 1,
 ) -> Prediction:
     """First-token time of `request` on each option (see the module docstring). `pending_kv`:
     real-world KV bytes of every request outstanding on PrfaaS (sent, in flight or still to be
     computed), which the link carries before or alongside this request's; `floor_bps`: the
-    least bandwidth to believe in (`link_rate`)."""
+    least bandwidth to believe in (`link_rate`); `n_local`, `n_prfaas`: prefill instances in
+    each cluster (the busy shares)."""
     inf = float("inf")
     bw = link_rate(link, config, floor_bps)
     rtt = link.rtt_s or 0.0
@@ -116,8 +121,8 @@ def predict(
     t_local = busy_local = inf
     pull = 0
     if local is not None:
-        busy_local = costs.prefill_s("local", max(request.input_tokens - request.cached_local, 0))
-        t_local = local.queue_wait_s + busy_local
+        own = costs.prefill_s("local", max(request.input_tokens - request.cached_local, 0))
+        t_local, busy_local = local.queue_wait_s + own, own / max(n_local, 1)
         extra = request.cached_prfaas - request.cached_local
         if config.pull_prefixes and extra > 0 and bw is not None and not link.scarce:
             # the paper's cache-aware rule on an abundant link, as a third option: pull the
@@ -125,7 +130,7 @@ def predict(
             rest = costs.prefill_s("local", max(request.input_tokens - request.cached_prfaas, 0))
             t_pull = (ahead + costs.kv_bytes(extra)) / bw + rtt + local.queue_wait_s + rest
             if t_pull < t_local:
-                t_local, busy_local, pull = t_pull, rest, extra
+                t_local, busy_local, pull = t_pull, rest / max(n_local, 1), extra
     t_prfaas = busy_prfaas = inf
     if prfaas is not None and bw is not None:
         compute = costs.prefill_s("prfaas", max(request.input_tokens - request.cached_prfaas, 0))
@@ -135,7 +140,7 @@ def predict(
         # KV leaves layer by layer during the prefill: the link part only adds where it
         # outlasts the prefill
         t_prfaas = max(prefill_done, (ahead + kv) / bw) + rtt
-        busy_prfaas = max(compute, kv / bw)
+        busy_prfaas = max(compute / max(n_prfaas, 1), kv / bw)
     return Prediction(t_local, t_prfaas, busy_local, busy_prfaas, pull)
 
 
@@ -162,6 +167,8 @@ class PrfaasPredict:
         self.config = config if config is not None else PredictConfig()
         self._count_at = -float("inf")
         self._pending_kv = 0.0
+        self._n = {"local": 1, "prfaas": 1}
+        """Prefill instances in state ok per cluster, as of the last sum."""
         self._peak_bps = 0.0
         """The highest bandwidth estimate seen (the link's nominal rate, in practice)."""
         self.last: Prediction | None = None
@@ -170,19 +177,22 @@ class PrfaasPredict:
         """Decisions the threshold made (stale predictions); for tests and the bench."""
         self.predicted = 0
 
-    def _pending(self, snapshot: Snapshot, costs: CostModel) -> float:
-        """KV bytes outstanding on PrfaaS (`predict`'s `pending_kv`): summed over the PrfaaS
-        instances at most every `recount_s` of snapshot time (a scan is O(n), a decision must
-        not be), plus the KV this policy has sent there since."""
-        if snapshot.now - self._count_at >= self.config.recount_s or snapshot.now < self._count_at:
-            self._count_at = snapshot.now
-            kv = 0.0
-            for i in snapshot.instances:
-                if i.cluster == "prfaas" and i.role == "prefill" and i.outstanding:
-                    # per request: S_kv is near linear, so the mean length stands for each
-                    kv += i.outstanding * costs.kv_bytes(i.outstanding_work / i.outstanding)
-            self._pending_kv = kv
-        return self._pending_kv
+    def _recount(self, snapshot: Snapshot, costs: CostModel) -> None:
+        """KV bytes outstanding on PrfaaS (`predict`'s `pending_kv`) and the prefill instances
+        per cluster: counted at most every `recount_s` of snapshot time (a scan is O(n), a
+        decision must not be); the KV this policy sends to PrfaaS in between is added."""
+        if self._count_at <= snapshot.now < self._count_at + self.config.recount_s:
+            return
+        self._count_at = snapshot.now
+        kv, n = 0.0, {"local": 0, "prfaas": 0}
+        for i in snapshot.instances:
+            if i.role != "prefill":
+                continue
+            n[i.cluster] += i.state == "ok"
+            if i.cluster == "prfaas" and i.outstanding:
+                # per request: S_kv is near linear, so the mean length stands for each
+                kv += i.outstanding * costs.kv_bytes(i.outstanding_work / i.outstanding)
+        self._pending_kv, self._n = kv, n
 
     def decide(self, request: RequestView, snapshot: Snapshot) -> Route:
         decode = _lookup(snapshot, "local", "decode")
@@ -207,9 +217,12 @@ class PrfaasPredict:
             return self._guard(request, local, prfaas, decode, t)
         assert costs is not None and link is not None and link.bandwidth_bps is not None
         self._peak_bps = max(self._peak_bps, link.bandwidth_bps)
-        pending = self._pending(snapshot, costs) if self.config.count_queued_kv else 0.0
+        self._recount(snapshot, costs)
+        pending = self._pending_kv if self.config.count_queued_kv else 0.0
         floor = self.config.min_bandwidth_share * self._peak_bps
-        p = predict(request, local, prfaas, costs, link, self.config, pending, floor)
+        n = self._n
+        p = predict(request, local, prfaas, costs, link, self.config, pending, floor,
+                    n["local"], n["prfaas"])  # fmt: skip
         self.predicted += 1
         self.last = p
         cluster = self.choose(p)
@@ -223,9 +236,9 @@ class PrfaasPredict:
         return route
 
     def choose(self, p: Prediction) -> Cluster:
-        """The option whose first token comes first, plus `busy_weight` x the time it keeps its
-        resource busy; a request that misses `ttft_target` on both goes where it keeps a
-        resource busy for less (it is late anyway; the ones behind it need not be)."""
+        """The option whose first token comes first, plus `busy_weight` x the share of its
+        cluster it takes; a request that misses `ttft_target` on both goes where it takes the
+        smaller share (it is late anyway; the ones behind it need not be)."""
         w, target = self.config.busy_weight, self.config.ttft_target
         best = min(p.local, p.prfaas)
         if target is not None and best > target:
