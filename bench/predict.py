@@ -236,6 +236,53 @@ def run_ablation(pool: ProcessPoolExecutor, seeds: int) -> list[str]:
     return out
 
 
+def decision_cost(n: int = 10_000, decisions: int = 20_000) -> list[str]:
+    """p50/p99 of one `decide` on a load book of `n` instances (a quarter PrfaaS prefill, a
+    quarter PD-P, half PD-D) with cost curves and a link view, charging each route as the
+    router does and releasing the oldest so the load stays put."""
+    import time
+
+    from testbed.policy import make_policy
+    from testbed.policy.base import CostModel, LinkView, RequestView
+    from testbed.policy.book import BookEntry, LoadBook
+    from testbed.profiles import MODELS
+    from testbed.workload.lengths import TruncatedLognormal
+
+    model = MODELS["internal-1t-hybrid"]
+    costs = CostModel.of(model, {"prfaas": "h200x8", "local": "h20x8"})
+    q = n // 4
+    entries = [BookEntry(f"p{i}", "prfaas", "prefill") for i in range(q)]
+    entries += [BookEntry(f"l{i}", "local", "prefill") for i in range(q)]
+    entries += [BookEntry(f"d{i}", "local", "decode") for i in range(n - 2 * q)]
+    book = LoadBook(entries, set(), costs)
+    rng = np.random.default_rng(0)
+    lengths = TruncatedLognormal(9.9, 1.0, 128, 128_000).sample(rng, decisions).astype(int)
+    link = LinkView(100e9 / 8, 2e9, 90e9 / 8, 0.02, False)
+    out = ["## Decision cost\n", f"One `decide` on a load book of {n:,} instances (sim and "
+           "router keep one), charging each route and releasing the one 1,000 routes back.\n",
+           "| policy | p50 | p99 |", "|---|---|---|"]  # fmt: skip
+    for name in ("prfaas-predict", "prfaas-static"):
+        policy = make_policy(name)
+        charged: list[tuple[str, float, str]] = []
+        times = []
+        for i in range(decisions):
+            req = RequestView(f"r{i}", int(lengths[i]), 1024, 0, 0, costs.kv_bytes(lengths[i]))
+            snap = book.snapshot(i * 0.01, 19_400.0, False, link)
+            t0 = time.perf_counter()
+            route = policy.decide(req, snap)
+            times.append(time.perf_counter() - t0)
+            book.charge(route.prefill_instance, route.uncached_tokens, route.decode_instance,
+                        1024, +1)  # fmt: skip
+            charged.append((route.prefill_instance, route.uncached_tokens, route.decode_instance))
+            if len(charged) > 1000:
+                p, tok, d = charged.pop(0)
+                book.charge(p, tok, d, 1024, -1)
+        qs = statistics.quantiles(times, n=100)
+        out.append(f"| {name} | {qs[49] * 1e6:.0f} us | {qs[98] * 1e6:.0f} us |")
+    out.append("")
+    return out
+
+
 def _mean(rows: list[dict[str, Any]], key: str) -> tuple[float, float, float] | None:
     vals = [r[key] for r in rows if r[key] is not None]
     if not vals:
@@ -357,7 +404,7 @@ def render_saturation(rows: list[dict[str, Any]], seeds: int, duration: float) -
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--only", choices=("drop", "dynamic", "saturation", "ablation"))
+    ap.add_argument("--only", choices=("drop", "dynamic", "saturation", "ablation", "cost"))
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--duration", type=float, default=600.0, help="saturation run, real-world s")
@@ -376,6 +423,8 @@ def main() -> int:
             rows = run_dynamic(pool, args.seeds)
             raw["dynamic"] = rows
             out += render_dynamic(rows, args.seeds)
+        if args.only in (None, "cost"):
+            out += decision_cost()
         if args.only in (None, "ablation"):
             out += run_ablation(pool, args.seeds)
         if args.only in (None, "saturation"):

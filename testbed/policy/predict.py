@@ -169,6 +169,10 @@ class PrfaasPredict:
         self._pending_kv = 0.0
         self._n = {"local": 1, "prfaas": 1}
         """Prefill instances in state ok per cluster, as of the last sum."""
+        self._version = 0
+        self._kv_sum = 0.0
+        self._kv_of: dict[str, float] = {}
+        self._ok_of: dict[str, str | None] = {}
         self._peak_bps = 0.0
         """The highest bandwidth estimate seen (the link's nominal rate, in practice)."""
         self.last: Prediction | None = None
@@ -179,20 +183,34 @@ class PrfaasPredict:
 
     def _recount(self, snapshot: Snapshot, costs: CostModel) -> None:
         """KV bytes outstanding on PrfaaS (`predict`'s `pending_kv`) and the prefill instances
-        per cluster: counted at most every `recount_s` of snapshot time (a scan is O(n), a
-        decision must not be); the KV this policy sends to PrfaaS in between is added."""
+        per cluster, brought up to date at most every `recount_s` of snapshot time from the
+        instances that changed since (`Snapshot.changed_since`: the load book walks only those,
+        so a decision never scans the deployment); the KV this policy sends to PrfaaS in
+        between is added as it goes."""
         if self._count_at <= snapshot.now < self._count_at + self.config.recount_s:
             return
         self._count_at = snapshot.now
-        kv, n = 0.0, {"local": 0, "prfaas": 0}
-        for i in snapshot.instances:
-            if i.role != "prefill":
-                continue
-            n[i.cluster] += i.state == "ok"
-            if i.cluster == "prfaas" and i.outstanding:
+        if snapshot.version <= 0 or snapshot.version < self._version:
+            # a hand-made snapshot (it lists every instance) or another book: start over
+            self._version, self._kv_of, self._ok_of, self._kv_sum = 0, {}, {}, 0.0
+            self._n = {"local": 0, "prfaas": 0}
+        n = self._n
+        for i in snapshot.changed_since(self._version):
+            kv = 0.0
+            if i.cluster == "prfaas" and i.role == "prefill" and i.outstanding:
                 # per request: S_kv is near linear, so the mean length stands for each
-                kv += i.outstanding * costs.kv_bytes(i.outstanding_work / i.outstanding)
-        self._pending_kv, self._n = kv, n
+                kv = i.outstanding * costs.kv_bytes(i.outstanding_work / i.outstanding)
+            self._kv_sum += kv - self._kv_of.get(i.id, 0.0)
+            self._kv_of[i.id] = kv
+            was = self._ok_of.get(i.id)
+            now = i.cluster if i.role == "prefill" and i.state == "ok" else None
+            if was is not None:
+                n[was] -= 1
+            if now is not None:
+                n[now] += 1
+            self._ok_of[i.id] = now
+        self._version = snapshot.version
+        self._pending_kv = max(self._kv_sum, 0.0)
 
     def decide(self, request: RequestView, snapshot: Snapshot) -> Route:
         decode = _lookup(snapshot, "local", "decode")
