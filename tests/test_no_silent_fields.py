@@ -408,6 +408,7 @@ FIELDS: dict[str, Tests] = {
     "InstanceInfo.kv_port": ROUTED,
     "InstanceInfo.kv_link_host": ROUTED,
     "InstanceInfo.kv_link_port": ROUTED,
+    "InstanceInfo.hardware": "tests/services/test_router_snapshot.py::test_costs_and_queue_wait_follow_the_instances_hardware",
 }
 
 RUN_FLAGS = CLI + "test_run_flags_reach_the_plan_and_the_options"
@@ -420,7 +421,45 @@ FIT_FLAGS = FIT + "test_cli_flags_reach_the_fit"
 VERIFY = CLI + "test_verify_model_flags"
 COMPOSE = CLI + "test_compose_command_flags"
 
+HS = "tests/scenario/test_hindsight.py::"
+HS_CLI = HS + "test_cli_writes_the_table_and_prints_the_best"
+SC = "tests/scenario/test_scorecard.py::"
+SC_CLI = SC + "test_cli_writes_the_files_and_skips_what_the_sim_refuses"
+SC_FLAGS = SC + "test_cli_substrate_hindsight_and_quiet"
+
 FLAGS: dict[str, Tests] = {
+    "testbed hindsight --substrate": HS + "test_cli_refuses_a_live_substrate",
+    "testbed hindsight --thresholds": (
+        HS_CLI,
+        HS + "test_best_fixed_keeps_the_best_mean_over_seeds",
+    ),
+    "testbed hindsight --splits": (HS_CLI, HS + "test_every_setting_is_offered_the_same_requests"),
+    "testbed hindsight --no-splits": HS_CLI,
+    "testbed hindsight --seeds": HS_CLI,
+    "testbed hindsight --objective": (
+        HS_CLI,
+        HS + "test_best_fixed_keeps_the_best_mean_over_seeds",
+    ),
+    "testbed hindsight --out": HS_CLI,
+    "testbed hindsight --jobs": HS_CLI,
+    "testbed hindsight --quiet": HS_CLI,
+    "testbed scorecard --policy": (
+        SC_CLI,
+        SC + "test_a_policy_that_cannot_load_stops_before_any_run",
+    ),
+    "testbed scorecard --baseline": SC_CLI,
+    "testbed scorecard --substrate": SC_FLAGS,
+    "testbed scorecard --scenarios": SC_CLI,
+    "testbed scorecard --seeds": SC_CLI,
+    "testbed scorecard --no-hindsight": (SC_CLI, SC_FLAGS),
+    "testbed scorecard --out": SC_CLI,
+    "testbed scorecard --jobs": SC_FLAGS,
+    "testbed scorecard --quiet": SC_FLAGS,
+    "testbed scorecard --cache": (
+        SC_FLAGS,
+        SC + "test_the_cache_gives_back_the_same_rows_and_only_for_library_runs",
+    ),
+    "testbed scorecard --no-cache": SC_CLI,
     "testbed sweep --set": (SWEEP + "test_the_grid_is_the_product_of_the_axes", SWEEP_CLI),
     "testbed sweep --out": SWEEP_CLI,
     "testbed sweep --jobs": (SWEEP_CLI, SWEEP + "test_a_pool_gives_the_same_rows_as_one_process"),
@@ -486,6 +525,10 @@ FLAGS: dict[str, Tests] = {
         UP + "test_up_flags_reach_the_plan_and_the_options",
         "tests/scenario/test_standing.py::test_faults_play_against_a_standing_deployment_unless_told_not_to",
     ),
+    "testbed up --prometheus": (
+        "tests/compose/test_prometheus.py::test_up_prometheus_flag_reaches_the_standing_deployment",
+        "tests/compose/test_prometheus.py::test_prometheus_scrapes_router_and_every_worker",
+    ),
     "testbed link serve --host": SERVE,
     "testbed link serve --port": (
         SERVE,
@@ -534,6 +577,9 @@ FLAGS: dict[str, Tests] = {
     "testbed verify-model --json": VERIFY,
     "python -m testbed.substrate.compose images --force": COMPOSE,
     "python -m testbed.substrate.compose down --run": COMPOSE,
+    "python -m testbed.substrate.compose images --prometheus": (
+        "tests/compose/test_prometheus.py::test_images_prometheus_flag_builds_the_prometheus_image"
+    ),
 }
 
 EXCEPTIONS: dict[str, str] = {
