@@ -50,6 +50,7 @@ SVC = "tests/services/test_spec_fields.py::"
 ROUTER = "tests/services/test_router_spec_fields.py::"
 CLI = "tests/cli/test_cli_flags.py::"
 UP = "tests/cli/test_cli_up.py::"
+PREDICT = "tests/policy/test_predict.py::"
 
 PLAYER = "tests/chaos/test_checkers_scenario.py::test_player_records_every_phase_and_survives_a_failing_fault"
 REGISTERED = (
@@ -222,6 +223,27 @@ FIELDS: dict[str, Tests] = {
     "PolicyConfig.short_term": RUN + "test_the_router_gets_policy_threshold_cache_and_scheduler",
     "PolicyConfig.long_term": RUN
     + "test_the_long_term_loop_makes_pd_instances_with_its_switch_time",
+    "PolicyConfig.predict": (
+        PREDICT + "test_the_scenario_knobs_reach_the_policy",
+        PREDICT + "test_on_the_sim_it_keeps_long_prompts_off_the_narrow_link_and_beats_static",
+    ),
+    "PredictConfig.link_headroom": PREDICT
+    + "test_link_headroom_is_the_share_of_the_estimate_a_transfer_gets",
+    "PredictConfig.backlog_s": PREDICT
+    + "test_backlog_s_is_the_queue_that_makes_the_delivered_rate_count",
+    "PredictConfig.count_queued_kv": PREDICT
+    + "test_count_queued_kv_and_recount_s_decide_what_counts_as_ahead",
+    "PredictConfig.busy_weight": PREDICT
+    + "test_busy_weight_charges_the_time_an_option_keeps_its_resource",
+    "PredictConfig.min_bandwidth_share": PREDICT
+    + "test_min_bandwidth_share_is_the_floor_under_the_estimate",
+    "PredictConfig.pull_prefixes": PREDICT + "test_pull_prefixes_off_never_pulls",
+    "PredictConfig.ttft_target": PREDICT
+    + "test_a_request_late_everywhere_goes_where_it_keeps_a_resource_busy_less",
+    "PredictConfig.triage_slack": PREDICT
+    + "test_triage_slack_bounds_how_much_later_the_lighter_option_may_be",
+    "PredictConfig.recount_s": PREDICT
+    + "test_count_queued_kv_and_recount_s_decide_what_counts_as_ahead",
     "PlannerConfig.threshold_step": PREP + "test_threshold_step_is_the_planners_grid",
     "ShortTermConfig.interval": SHORT_LOOP,
     "ShortTermConfig.replan_change": (
@@ -266,6 +288,10 @@ FIELDS: dict[str, Tests] = {
     "LongTermConfig.role_switch": (
         KNOB + "test_role_switch_is_the_time_each_conversion_is_given",
         RUN + "test_the_long_term_loop_makes_pd_instances_with_its_switch_time",
+    ),
+    "LongTermConfig.predrain": (
+        KNOB + "test_the_long_term_loop_hands_its_knobs_to_the_controller",
+        "tests/scheduler/test_longterm_predrain.py::test_draining_starts_predrain_checks_before_the_conversion",
     ),
     "LongTermConfig.drain_timeout": "tests/scheduler/test_loops.py::test_a_drain_that_never_empties_times_out_without_switching",
     "SchedulerSpec.deployment": LOOP_PLAN,
@@ -364,6 +390,8 @@ FIELDS: dict[str, Tests] = {
     "ServiceSpec.initial_role": SVC + "test_a_pd_instance_serves_its_initial_role_first",
     "ServiceSpec.role_switch_s": "tests/scheduler/test_longterm.py::test_pd_instance_switches_role_only_when_drained",
     "ServiceSpec.policy": ROUTER + "test_the_policy_name_picks_the_policy",
+    "ServiceSpec.policy_config": PREDICT
+    + "test_the_router_makes_the_policy_with_the_scenarios_knobs",
     "ServiceSpec.threshold_tokens": ROUTED,
     "ServiceSpec.instances": ROUTED,
     "ServiceSpec.request_timeout_s": ROUTER

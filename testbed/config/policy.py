@@ -8,7 +8,14 @@ from pydantic import Field
 
 from testbed.config.base import Duration, PositiveDuration, StrictModel, Tokens
 
-__all__ = ["LongTermConfig", "PlannerConfig", "PolicyConfig", "ShortTermConfig", "SloConfig"]
+__all__ = [
+    "LongTermConfig",
+    "PlannerConfig",
+    "PolicyConfig",
+    "PredictConfig",
+    "ShortTermConfig",
+    "SloConfig",
+]
 
 
 class SloConfig(StrictModel):
@@ -55,9 +62,44 @@ class LongTermConfig(StrictModel):
     sustain: int = Field(6, ge=1)
     """Consecutive checks (x interval = 60 s) a move must be wanted before it is made."""
     pressure: float = Field(0.8, ge=0)
+    predrain: int = Field(3, ge=0)
+    """Checks before a conversion is decided at which its instances start draining (x
+    interval = 30 s ahead): the wait for requests queued for prefill elsewhere overlaps the
+    confirmation window. 0: drain only once the conversion is decided."""
     role_switch: Duration = 5.0
     """Real-world time a PD instance needs to restart in the other role once drained."""
     drain_timeout: PositiveDuration = 300.0
+
+
+class PredictConfig(StrictModel):
+    """`prfaas-predict`'s knobs (testbed/policy/predict.py; defaults justified in
+    docs/scheduler.md)."""
+
+    link_headroom: float = Field(0.9, gt=0, le=1)
+    """Share of the estimated bandwidth a new transfer is predicted to get."""
+    backlog_s: PositiveDuration = 0.5
+    """A link backlog this long at the delivered rate makes the delivered rate the prediction's
+    bandwidth (the estimate lags a drop by seconds)."""
+    count_queued_kv: bool = True
+    """Count the KV of every request outstanding on PrfaaS as ahead on the link, not only the
+    bytes already sent."""
+    busy_weight: float = Field(0.0, ge=0)
+    """Weight of the time an option keeps its resource busy (T_prefill on PD-P; the larger of
+    T_prefill on PrfaaS and the KV's time on the link) added to the predicted first token:
+    what a request costs the ones that arrive after it."""
+    min_bandwidth_share: float = Field(0.05, ge=0, le=1)
+    """Least share of the highest estimate seen that predictions believe in: a black hole's
+    estimate falls to zero, yet it heals, and what waits for the link then crosses at once."""
+    pull_prefixes: bool = True
+    """Weigh pulling a prefix cached in PrfaaS before a PD-P prefill (abundant link only)."""
+    ttft_target: PositiveDuration | None = 10.0
+    """A request predicted to miss this on both options goes where it keeps a resource busy
+    for less; None: always the earliest first token."""
+    triage_slack: float | None = Field(None, ge=1)
+    """... if its first token there is predicted at most this factor later than on the other
+    (None: whatever the factor)."""
+    recount_s: PositiveDuration = 1.0
+    """Real-world seconds between sums of the PrfaaS queues' KV (an O(n) scan)."""
 
 
 class PolicyConfig(StrictModel):
@@ -65,6 +107,8 @@ class PolicyConfig(StrictModel):
     threshold: Tokens | Literal["auto"] = "auto"
     short_term: ShortTermConfig = Field(default_factory=lambda: ShortTermConfig())
     long_term: LongTermConfig = Field(default_factory=lambda: LongTermConfig())
+    predict: PredictConfig = Field(default_factory=lambda: PredictConfig())
+    """Knobs of `prfaas-predict` (ignored by the other policies)."""
 
 
 class PlannerConfig(StrictModel):

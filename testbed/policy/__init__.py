@@ -8,8 +8,13 @@ reads (`deployment_kind`, `needs_threshold`, `replans`, `long_term`, `cache_awar
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from testbed.policy.base import POLICIES, Policy
 from testbed.registry import UnknownName
+
+if TYPE_CHECKING:
+    from testbed.config import PolicyConfig
 
 __all__ = ["POLICIES", "Policy", "UnknownName", "get_policy", "make_policy"]
 
@@ -19,6 +24,12 @@ def get_policy(name: str) -> type[Policy]:
     return POLICIES[name]
 
 
-def make_policy(name: str) -> Policy:
-    """A fresh instance of the policy called `name`."""
-    return get_policy(name)()
+def make_policy(name: str, config: PolicyConfig | None = None) -> Policy:
+    """A fresh instance of the policy called `name`; a class with a `from_config` classmethod
+    gets the scenario's `policy` section (its own knobs live there, e.g. `policy.predict`)."""
+    cls = get_policy(name)
+    from_config = getattr(cls, "from_config", None)
+    if config is not None and callable(from_config):
+        policy: Policy = from_config(config)
+        return policy
+    return cls()

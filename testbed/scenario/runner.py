@@ -219,6 +219,7 @@ class _Run:
         ]
         router_spec = self._spec("router", "router", "local", dep.local.hardware)
         router_spec.policy = self.rp.policy
+        router_spec.policy_config = self.rp.scenario.policy
         router_spec.threshold_tokens = self.rp.threshold_tokens
         router_spec.instances = instances
         router_spec.prefix_cache_bytes = cluster_capacities(dep)

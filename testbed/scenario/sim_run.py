@@ -36,6 +36,7 @@ def sim_inputs(rp: RunPlan, opts: RunOptions) -> SimInputs:
         threshold_step=sc.planner.threshold_step,
         short_term=sc.policy.short_term,
         long_term=sc.policy.long_term,
+        policy_config=sc.policy,
         drain_timeout_s=opts.drain_timeout_s,
         plan_event={
             "lambda_max_rps": rp.plan.lambda_max_rps,

@@ -17,6 +17,13 @@ N_p and N_d" on a longer timescale. What it leaves open is when, and we answer i
   `pressure` of their capacity in outstanding work): the model says the split is wrong, the
   queues say it hurts. Without pressure the system keeps up and a conversion only costs.
 
+Draining is started ahead of the decision (`predrain` checks before the streak completes, with
+the same gain and pressure): a decode instance holds requests whose prefill is still queued
+elsewhere, and under load they took about a minute to leave it after the decision. Drained
+ahead, the instance is (nearly) empty when the conversion is decided, so the wait for them
+overlaps the confirmation window instead of following it; if the streak breaks, the instance
+goes back into rotation (`RoleDecision.prepare` is 0 again).
+
 The controller is pure (no I/O, no clock): the router feeds it and performs the conversions.
 """
 
@@ -52,6 +59,9 @@ class RoleDecision:
     act: bool
     reason: str
     plan: StagePlan | None = None
+    prepare: int = 0
+    """Instances of the shrinking role to drain now, ahead of a conversion this streak is
+    heading for (0: none; the loop puts back any it drained ahead)."""
 
 
 @dataclass
@@ -64,6 +74,8 @@ class LongTermController:
     pressure: float = 0.8
     min_prefill: int = 1
     min_decode: int = 1
+    predrain: int = 0
+    """Checks before the streak completes at which draining starts (0: only once it acts)."""
     _streak: int = field(default=0, init=False)
     _last_target: int | None = field(default=None, init=False)
 
@@ -93,14 +105,18 @@ class LongTermController:
         )
         self._streak = self._streak + 1 if same_way else 1
         self._last_target = target
-        if self._streak < self.sustain:
-            return RoleDecision(
-                target, current_prefill, gain, False,
-                f"target held {self._streak}/{self.sustain} checks", chosen,
-            )  # fmt: skip
         grows = "prefill" if target > current_prefill else "decode"
         level = pressure.prefill if grows == "prefill" else pressure.decode
-        if level < self.pressure:
+        hot = level >= self.pressure
+        if self._streak < self.sustain:
+            ahead = self.predrain > 0 and self._streak >= max(1, self.sustain - self.predrain)
+            return RoleDecision(
+                target, current_prefill, gain, False,
+                f"target held {self._streak}/{self.sustain} checks"
+                + (", draining ahead" if ahead and hot else ""), chosen,
+                prepare=abs(target - current_prefill) if ahead and hot else 0,
+            )  # fmt: skip
+        if not hot:
             return RoleDecision(
                 target, current_prefill, gain, False,
                 f"{grows} not under pressure ({level:.2f} < {self.pressure:.2f})", chosen,

@@ -76,6 +76,8 @@ class ControlLoops:
             else None
         )
         self.converting = False
+        self.predrained: set[str] = set()
+        """Instances the long-term loop drains ahead of a conversion it is heading for."""
         self.estimates: deque[tuple[float, float]] = deque(maxlen=MAX_OBSERVED)
         """(real time, bandwidth estimate) of every short-term tick."""
         self.pressure_samples: list[StagePressure] = []
@@ -268,6 +270,7 @@ class ControlLoops:
                     min_gain=lt.min_gain,
                     sustain=lt.sustain,
                     pressure=lt.pressure,
+                    predrain=lt.predrain,
                 )
             controller.plan = plan_split
             samples, self.pressure_samples = self.pressure_samples or [self.pressure()], []
@@ -292,21 +295,61 @@ class ControlLoops:
                 )
             if decision.act:
                 await self.convert(decision.target_prefill)
+            elif decision.prepare:
+                self.drain_ahead(decision.target_prefill, decision.prepare)
+            else:
+                self.release_ahead("streak broken")
+
+    def _candidates(self, shrink: str) -> list[InstanceView]:
+        """Instances that may leave `shrink`: those already drained ahead first, then the least
+        loaded (they empty soonest)."""
+        cluster = self.cluster
+        return sorted(
+            (
+                i
+                for i in cluster.instances.values()
+                if i.switchable and i.role == shrink and cluster.healthy[i.id]
+            ),
+            key=lambda i: (
+                i.id not in self.predrained,
+                cluster.work[i.id],
+                cluster.outstanding[i.id],
+                i.id,
+            ),
+        )
+
+    def drain_ahead(self, target_prefill: int, count: int) -> None:
+        """Start draining `count` instances of the shrinking role before the conversion is
+        decided: they take no new work, and what they hold (decodes whose prefill is still
+        queued elsewhere) leaves them while the streak completes."""
+        shrink = "decode" if target_prefill > self.n_prefill else "prefill"
+        chosen = {i.id for i in self._candidates(shrink)[:count]}
+        if chosen == self.predrained:
+            return
+        self.release_ahead("target moved", keep=chosen)
+        added = sorted(chosen - self.predrained)
+        self.predrained = chosen
+        self.state.draining.update(chosen)
+        if added:
+            self.state.record("drain_ahead", instances=added, role=shrink)
+
+    def release_ahead(self, why: str, keep: set[str] | frozenset[str] = frozenset()) -> None:
+        """Put instances drained ahead back into rotation (the conversion is off)."""
+        back = sorted(self.predrained - keep)
+        if not back:
+            return
+        self.state.draining.difference_update(back)
+        self.predrained -= set(back)
+        self.state.record("drain_released", instances=back, why=why)
 
     async def convert(self, target_prefill: int) -> None:
         """Move local PD instances between roles until `target_prefill` serve prefill."""
         cluster, state = self.cluster, self.state
         grow: Role = "prefill" if target_prefill > self.n_prefill else "decode"
         shrink = "decode" if grow == "prefill" else "prefill"
-        candidates = sorted(
-            (
-                i
-                for i in cluster.instances.values()
-                if i.switchable and i.role == shrink and cluster.healthy[i.id]
-            ),
-            key=lambda i: (cluster.work[i.id], cluster.outstanding[i.id], i.id),
-        )
-        chosen = candidates[: abs(target_prefill - self.n_prefill)]
+        chosen = self._candidates(shrink)[: abs(target_prefill - self.n_prefill)]
+        self.release_ahead("not chosen", keep={i.id for i in chosen})
+        self.predrained = set()  # the chosen ones are _switch's to drain and release now
         if not chosen:
             return
         self.converting = True

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from testbed.config.policy import PolicyConfig
 from testbed.config.profiles import ProfileFile
 from testbed.scheduler.spec import SchedulerSpec
 
@@ -94,6 +95,8 @@ class ServiceSpec(BaseModel):
     """pd only: real-world seconds a role switch takes (see docs/scheduler.md)."""
     # router only
     policy: str = "prfaas-static"
+    policy_config: PolicyConfig | None = None
+    """The scenario's `policy` section: a policy's own knobs (testbed.policy.make_policy)."""
     threshold_tokens: float | None = None
     instances: list[InstanceInfo] = Field(default_factory=list)
     request_timeout_s: float = 600.0

@@ -15,7 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from testbed.clock import LiveClock, Scale
-from testbed.config import DeploymentConfig, LengthsConfig, LongTermConfig, ShortTermConfig
+from testbed.config import (
+    DeploymentConfig,
+    LengthsConfig,
+    LongTermConfig,
+    PolicyConfig,
+    ShortTermConfig,
+)
 from testbed.kvcache.manager import KVCacheManager, cluster_capacities
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.nemesis import NemesisPlayer, PlannedFault, stop_player
@@ -64,6 +70,8 @@ class SimInputs:
     long_term: LongTermConfig
     drain_timeout_s: float
     """Wall seconds a live run waits after the last arrival (x time_scale here)."""
+    policy_config: PolicyConfig | None = None
+    """The scenario's `policy` section (a policy's own knobs, testbed.policy.make_policy)."""
     plan_event: dict[str, object] = field(default_factory=dict)
     """The "plan" history event the live runner writes at t=0."""
 
@@ -166,7 +174,13 @@ async def _run(inp: SimInputs) -> SimOutput:
             done.set_result(None)
 
     dispatcher = SimDispatcher(
-        cluster, make_policy(inp.policy), cache, control, inp.scale.byte_scale, live, on_record
+        cluster,
+        make_policy(inp.policy, inp.policy_config),
+        cache,
+        control,
+        inp.scale.byte_scale,
+        live,
+        on_record,
     )
     if inp.threshold_tokens is not None:
         history.append(HistoryEvent(0.0, "policy", {"threshold_tokens": inp.threshold_tokens}))

@@ -24,6 +24,7 @@ BEFORE = {
     "prfaas": ("prfaas-pd", True, True, True, True),
     "prfaas-nocache": ("prfaas-pd", True, True, True, False),
     "prfaas-nolongterm": ("prfaas-pd", True, True, False, True),
+    "prfaas-predict": ("prfaas-pd", True, True, True, True),
 }
 
 
@@ -52,7 +53,7 @@ def test_an_unknown_name_is_one_line_listing_the_known_ones() -> None:
     assert isinstance(info.value, KeyError) and isinstance(info.value, UserError)
     assert str(info.value) == (
         "unknown policy 'random'; known: homogeneous, naive, prfaas, prfaas-nocache, "
-        "prfaas-nolongterm, prfaas-static (or an outside one as module:Class)"
+        "prfaas-nolongterm, prfaas-predict, prfaas-static (or an outside one as module:Class)"
     )
     assert "random" not in POLICIES
 

@@ -233,13 +233,13 @@ async def test_the_long_term_loop_hands_its_knobs_to_the_controller(
             super().__init__(*args, **kw)
 
     monkeypatch.setattr(loops_module, "LongTermController", Recording)
-    long = LongTermConfig(interval=7.0, min_gain=0.3, sustain=2, pressure=0.4)
+    long = LongTermConfig(interval=7.0, min_gain=0.3, sustain=2, pressure=0.4, predrain=1)
     clock = StepClock(sleeps=1)
     loops, _ = loops_for(clock, long=long)
     task = asyncio.create_task(loops.run_long_term())
     await _run_until(task, lambda: made and loops.state.events)
     assert clock.sleeps == [7.0]  # interval
-    assert made == [{"min_gain": 0.3, "sustain": 2, "pressure": 0.4}]
+    assert made == [{"min_gain": 0.3, "sustain": 2, "pressure": 0.4, "predrain": 1}]
 
 
 async def test_window_and_min_samples_pick_the_lengths_the_planner_sees() -> None:

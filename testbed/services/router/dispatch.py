@@ -89,7 +89,7 @@ class RouterState:
         self.scale = Scale.of(spec)
         self.model = MODELS[spec.model]
         self.engine = engine_requests(spec)
-        self.policy = make_policy(spec.policy)
+        self.policy = make_policy(spec.policy, spec.policy_config)
         self.instances = {i.id: role_view(i, i.role) if i.switchable else i for i in spec.instances}
         """The router's view of every instance; a switchable PD instance's entry follows its
         role (role_view)."""

@@ -1,0 +1,477 @@
+"""`prfaas-predict` against `prfaas`, `prfaas-static` and the best fixed threshold in hindsight
+(issue #18), on the sim substrate; every figure is the mean over three seeds (min-max shown).
+
+1. bandwidth drop (library `bandwidth-drop`, 100 -> 5 Gbps for 60 s) at 50% of lambda_max:
+   P90 TTFT of the requests arriving during the drop, per policy; the hindsight row is
+   `prfaas-static` at the fixed threshold (from a grid) whose mean over the seeds is lowest.
+2. the dynamic scenarios of the library (burst, diurnal, link-flap, jitter, bandwidth-drop,
+   traffic-shift, cache-skew, mooncake-trace) with `workload.arrivals.load` set to 1.0 (100%
+   of the planner's lambda_max; for diurnal that is its base load, its peaks stack on top):
+   SLO attainment (TTFT and TPOT within the SLO) and P90 TTFT per policy.
+3. saturation on the steady paper workload (bench/fidelity.py's method: uniform arrivals at
+   120% of lambda_max, 600 s real-world, completion rate over the last five sixths).
+4. ablations: each `policy.predict` knob against the defaults (the drop, link-flap at 100%),
+   and the long-term loop's `predrain` on traffic-shift (when the new split is in force).
+
+Usage: python bench/predict.py [--only drop|dynamic|saturation|ablation] [--seeds 3] [--jobs 2]
+       [--report FILE] [--json FILE]
+A few minutes on 2 cores (each sim run takes 0.3-5 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from testbed.scenario.library import LIBRARY_DIR
+from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.schema import Scenario, load_scenario
+from testbed.scenario.sim_run import sim_inputs
+from testbed.scenario.sweep import completion_rate, simulate_scenario
+from testbed.sim.run import simulate
+
+POLICIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "prfaas-predict": ("prfaas-predict", {}),
+    "predict, no triage": ("prfaas-predict", {"ttft_target": None}),
+    "prfaas": ("prfaas", {}),
+    "prfaas-static": ("prfaas-static", {}),
+}
+"""Row label -> (policy, `policy.predict` overrides)."""
+DYNAMIC = (
+    "burst",
+    "diurnal",
+    "link-flap",
+    "jitter",
+    "bandwidth-drop",
+    "traffic-shift",
+    "cache-skew",
+    "mooncake-trace",
+)
+THRESHOLDS = (2_000, 5_000, 10_000, 15_000, 20_000, 25_000, 30_000, 40_000, 50_000, 65_000,
+              80_000, 100_000)  # fmt: skip
+"""Fixed thresholds (tokens) the hindsight search tries for prfaas-static."""
+
+
+def _scenario(
+    name: str, *, policy: str, seed_offset: int, load: float | None = None,
+    threshold: float | None = None, duration: float | None = None,
+    arrivals: dict[str, Any] | None = None,
+) -> Scenario:  # fmt: skip
+    """Library scenario `name` with `policy` (a row label of POLICIES, or a policy name)."""
+    base = load_scenario(LIBRARY_DIR / f"{name}.yaml")
+    policy, knobs = POLICIES.get(policy, (policy, {}))
+    wl = base.workload
+    arr = wl.arrivals.model_copy(update={**({"load": load} if load is not None else {}),
+                                         **(arrivals or {})})  # fmt: skip
+    pol = base.policy.model_copy(
+        update={
+            "name": policy,
+            "predict": base.policy.predict.model_copy(update=knobs),
+            **({"threshold": threshold} if threshold is not None else {}),
+        }
+    )
+    return base.model_copy(
+        update={
+            "seed": base.seed + seed_offset,
+            "policy": pol,
+            "checkers": [],
+            "workload": wl.model_copy(update={"arrivals": arr}),
+            **({"duration": duration} if duration is not None else {}),
+        }
+    )
+
+
+def _p90(records: Sequence[Any], lo: float, hi: float) -> float | None:
+    vals = [r.ttft for r in records if r.ttft is not None and lo <= r.arrival < hi]
+    return float(np.percentile(vals, 90)) if vals else None
+
+
+def _rate(name: str, load: float) -> float:
+    """The arrival rate `load` means with the planner's own t: a fixed-t run keeps it (with
+    `load`, a worse t would lower lambda_max and with it the offered rate)."""
+    sc = _scenario(name, policy="prfaas-static", seed_offset=0, load=load)
+    rp = prepare_run(sc, RunOptions(substrate="sim", out_dir=Path("unused"), progress=False))
+    assert rp.rate_rps is not None
+    return float(rp.rate_rps)
+
+
+def drop_run(job: tuple[str, int, float | None, float]) -> dict[str, Any]:
+    policy, seed, threshold, rate = job
+    sc = _scenario(
+        "bandwidth-drop", policy=policy, seed_offset=seed, threshold=threshold,
+        arrivals={"load": None, "rate": rate},
+    )  # fmt: skip
+    fault = next(e for e in sc.nemesis if e.action == "bandwidth")
+    assert fault.for_ is not None
+    _, summary, recs = simulate_scenario(sc)
+    return {
+        "policy": policy,
+        "seed": seed,
+        "threshold": threshold,
+        "p90_during_s": _p90(recs, fault.at, fault.at + fault.for_),
+        "p90_before_s": _p90(recs, fault.at - fault.for_, fault.at),
+        "failed": summary["requests"]["failed"],
+        "requests": len(recs),
+    }
+
+
+def dynamic_run(job: tuple[str, str, int]) -> dict[str, Any]:
+    name, policy, seed = job
+    _, s, recs = simulate_scenario(_scenario(name, policy=policy, seed_offset=seed, load=1.0))
+    return {
+        "scenario": name,
+        "policy": policy,
+        "seed": seed,
+        "slo_attainment": s["slo_attainment"],
+        "p90_ttft_s": s["ttft_s"]["p90"],
+        "failed": s["requests"]["failed"],
+        "requests": len(recs),
+    }
+
+
+def saturation_run(job: tuple[str, int, float]) -> dict[str, Any]:
+    policy, seed, duration = job
+    sc = _scenario("paper", policy=policy, seed_offset=seed, load=1.2, duration=duration,
+                   arrivals={"process": "uniform"})  # fmt: skip
+    rp, _, recs = simulate_scenario(sc)
+    return {
+        "policy": policy,
+        "seed": seed,
+        "rate_rps": completion_rate(recs, rp.duration_s / 6, rp.duration_s),
+        "planner_rps": rp.plan.lambda_max_rps,
+    }
+
+
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "count_queued_kv: false": {"count_queued_kv": False},
+    "min_bandwidth_share: 0": {"min_bandwidth_share": 0.0},
+    "busy_weight: 0.5": {"busy_weight": 0.5},
+    "ttft_target: null": {"ttft_target": None},
+    "triage_slack: 1.5": {"triage_slack": 1.5},
+}
+"""`policy.predict` variants the ablation table compares with the defaults."""
+
+
+def ablation_run(job: tuple[str, str, int, float]) -> dict[str, Any]:
+    """One variant on the 50%-load drop (P90 during) or link-flap at 100% (SLO attainment)."""
+    label, case, seed, rate = job
+    knobs = ABLATIONS[label]
+    POLICIES[label] = ("prfaas-predict", knobs)
+    if case == "drop":
+        row = drop_run((label, seed, None, rate))
+        return {"label": label, "case": case, "seed": seed, "value": row["p90_during_s"]}
+    row = dynamic_run(("link-flap", label, seed))
+    return {"label": label, "case": case, "seed": seed, "value": row["slo_attainment"]}
+
+
+def shift_run(job: tuple[int, int]) -> dict[str, Any]:
+    """traffic-shift with prfaas-predict, draining ahead (predrain) or not: when the new split
+    is in force and the completion rate over the scenario's throughput window."""
+    predrain, seed = job
+    base = _scenario("traffic-shift", policy="prfaas-predict", seed_offset=seed)
+    lt = base.policy.long_term.model_copy(update={"predrain": predrain})
+    base = load_scenario(LIBRARY_DIR / "traffic-shift.yaml").model_copy(
+        update={"seed": base.seed, "policy": base.policy}
+    )  # keep its throughput checker (the window); _scenario drops the checkers
+    sc = base.model_copy(update={"policy": base.policy.model_copy(update={"long_term": lt})})
+    check = next(c for c in base.checkers if c.check == "throughput")
+    after, until = getattr(check, "after", None), getattr(check, "until", None)
+    assert after is not None and until is not None
+    opts = RunOptions(substrate="sim", out_dir=Path("unused"), progress=False)
+    out = simulate(sim_inputs(prepare_run(sc, opts), opts))
+    recs = out.records
+    splits = [e.t for e in out.history if e.kind == "split"]
+    drains = [e.data.get("drain_s", 0.0) for e in out.history if e.kind == "switched"]
+    return {
+        "predrain": predrain,
+        "seed": seed,
+        "split_at": splits[0] if splits else None,
+        "max_drain_s": max(drains) if drains else None,
+        "rate_rps": completion_rate(recs, after, until),
+    }
+
+
+def run_ablation(pool: ProcessPoolExecutor, seeds: int) -> list[str]:
+    rate = _rate("bandwidth-drop", 0.5)
+    jobs = [(lab, case, s, rate) for lab in ABLATIONS for case in ("drop", "flap")
+            for s in range(seeds)]  # fmt: skip
+    rows = list(pool.map(ablation_run, jobs))
+    out = [
+        "## prfaas-predict knobs (sim)\n",
+        f"Each `policy.predict` variant against the defaults, mean over {seeds} seeds: P90 TTFT "
+        "during the 50%-load bandwidth drop, SLO attainment on link-flap at 100% of "
+        "lambda_max.\n",
+        "| variant | drop: P90 TTFT during | link-flap: SLO attainment |",
+        "|---|---|---|",
+    ]
+    for lab in ABLATIONS:
+        d = _mean([r for r in rows if r["label"] == lab and r["case"] == "drop"], "value")
+        f = _mean([r for r in rows if r["label"] == lab and r["case"] == "flap"], "value")
+        assert d is not None and f is not None
+        out.append(f"| {lab} | {_fmt(d, '.1f', ' s')} | {f[0]:.1%} ({f[1]:.1%}-{f[2]:.1%}) |")
+    shift = list(pool.map(shift_run, [(p, s) for p in (3, 0) for s in range(seeds)]))
+    out += [
+        "",
+        "traffic-shift (80% load) with prfaas-predict, long-term loop draining ahead or not:\n",
+        "| predrain | new split in force at | longest drain | completed req/s in the window |",
+        "|---|---|---|---|",
+    ]
+    for p in (3, 0):
+        rs = [r for r in shift if r["predrain"] == p]
+        out.append(
+            f"| {p} | {_fmt(_mean(rs, 'split_at'), '.0f', ' s')} | "
+            f"{_fmt(_mean(rs, 'max_drain_s'), '.1f', ' s')} | "
+            f"{_fmt(_mean(rs, 'rate_rps'), '.2f')} |"
+        )
+    out.append("")
+    return out
+
+
+def yardstick(seeds: int, jobs: int) -> list[str]:
+    """The drop against `testbed hindsight` (testbed.scenario.hindsight.best_fixed: fixed t and
+    PD split, its own window and offered rate), each policy measured the same way."""
+    from testbed.scenario.hindsight import best_fixed, measure_sim, objective_value
+
+    base = load_scenario(LIBRARY_DIR / "bandwidth-drop.yaml")
+    seed_list = [base.seed + k for k in range(seeds)]
+    best = best_fixed(LIBRARY_DIR / "bandwidth-drop.yaml", seed_list, "ttft-p90-fault", jobs=jobs)
+    ref = objective_value(best.best, "ttft-p90-fault")
+    out = ["## The drop against `testbed hindsight` (sim)\n",
+           f"`testbed hindsight bandwidth-drop --seeds {','.join(map(str, seed_list))}`: best "
+           f"fixed setting t = {best.best['threshold_tokens']:,.0f} tokens, "
+           f"{best.best['n_prefill']} PD-P; P90 TTFT over the fault window {ref:.2f} s. The "
+           "policies on the same objective and seeds:\n",
+           "| policy | P90 TTFT, fault window | vs hindsight |", "|---|---|---|"]  # fmt: skip
+    for pol in ("prfaas-predict", "prfaas", "prfaas-static"):
+        vals = [
+            objective_value(
+                measure_sim(base.model_copy(update={"seed": s}), pol)[1], "ttft-p90-fault"
+            )
+            for s in seed_list
+        ]
+        m = statistics.fmean(vals)
+        out.append(f"| {pol} | {m:.2f} s ({min(vals):.2f}-{max(vals):.2f}) | {m / ref - 1:+.0%} |")
+    out.append("")
+    return out
+
+
+def decision_cost(n: int = 10_000, decisions: int = 20_000) -> list[str]:
+    """p50/p99 of one `decide` on a load book of `n` instances (a quarter PrfaaS prefill, a
+    quarter PD-P, half PD-D) with cost curves and a link view, charging each route as the
+    router does and releasing the oldest so the load stays put."""
+    import time
+
+    from testbed.policy import make_policy
+    from testbed.policy.base import CostModel, LinkView, RequestView
+    from testbed.policy.book import BookEntry, LoadBook
+    from testbed.profiles import MODELS
+    from testbed.workload.lengths import TruncatedLognormal
+
+    model = MODELS["internal-1t-hybrid"]
+    costs = CostModel.of(model, {"prfaas": "h200x8", "local": "h20x8"})
+    q = n // 4
+    entries = [BookEntry(f"p{i}", "prfaas", "prefill") for i in range(q)]
+    entries += [BookEntry(f"l{i}", "local", "prefill") for i in range(q)]
+    entries += [BookEntry(f"d{i}", "local", "decode") for i in range(n - 2 * q)]
+    book = LoadBook(entries, set(), costs)
+    rng = np.random.default_rng(0)
+    lengths = TruncatedLognormal(9.9, 1.0, 128, 128_000).sample(rng, decisions).astype(int)
+    link = LinkView(100e9 / 8, 2e9, 90e9 / 8, 0.02, False)
+    out = ["## Decision cost\n", f"One `decide` on a load book of {n:,} instances (sim and "
+           "router keep one), charging each route and releasing the one 1,000 routes back.\n",
+           "| policy | p50 | p99 |", "|---|---|---|"]  # fmt: skip
+    for name in ("prfaas-predict", "prfaas-static"):
+        policy = make_policy(name)
+        charged: list[tuple[str, float, str]] = []
+        times = []
+        for i in range(decisions):
+            req = RequestView(f"r{i}", int(lengths[i]), 1024, 0, 0, costs.kv_bytes(lengths[i]))
+            snap = book.snapshot(i * 0.01, 19_400.0, False, link)
+            t0 = time.perf_counter()
+            route = policy.decide(req, snap)
+            times.append(time.perf_counter() - t0)
+            book.charge(route.prefill_instance, route.uncached_tokens, route.decode_instance,
+                        1024, +1)  # fmt: skip
+            charged.append((route.prefill_instance, route.uncached_tokens, route.decode_instance))
+            if len(charged) > 1000:
+                p, tok, d = charged.pop(0)
+                book.charge(p, tok, d, 1024, -1)
+        qs = statistics.quantiles(times, n=100)
+        out.append(f"| {name} | {qs[49] * 1e6:.0f} us | {qs[98] * 1e6:.0f} us |")
+    out.append("")
+    return out
+
+
+def _mean(rows: list[dict[str, Any]], key: str) -> tuple[float, float, float] | None:
+    vals = [r[key] for r in rows if r[key] is not None]
+    if not vals:
+        return None
+    return statistics.fmean(vals), min(vals), max(vals)
+
+
+def _fmt(m: tuple[float, float, float] | None, spec: str, unit: str = "") -> str:
+    if m is None:
+        return "-"
+    return f"{m[0]:{spec}}{unit} ({m[1]:{spec}}-{m[2]:{spec}})"
+
+
+def run_drop(pool: ProcessPoolExecutor, seeds: int) -> dict[str, Any]:
+    rate = _rate("bandwidth-drop", 0.5)
+    jobs: list[tuple[str, int, float | None, float]] = [
+        (p, s, None, rate) for p in POLICIES for s in range(seeds)
+    ]
+    jobs += [("prfaas-static", s, float(t), rate) for t in THRESHOLDS for s in range(seeds)]
+    rows = list(pool.map(drop_run, jobs))
+    by_t: dict[float, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["threshold"] is not None:
+            by_t.setdefault(r["threshold"], []).append(r)
+    means = {t: _mean(rs, "p90_during_s") for t, rs in by_t.items()}
+    best_t = min((t for t in means if means[t] is not None), key=lambda t: means[t][0])  # type: ignore[index]
+    table = {p: [r for r in rows if r["policy"] == p and r["threshold"] is None] for p in POLICIES}
+    table[f"hindsight (prfaas-static, t={best_t:,.0f})"] = by_t[best_t]
+    return {"rows": rows, "table": table, "best_t": best_t, "grid": means}
+
+
+def render_drop(d: dict[str, Any], seeds: int) -> list[str]:
+    out = [
+        "## Bandwidth drop at 50% of lambda_max (sim)\n",
+        f"100 -> 5 Gbps for 60 s; P90 TTFT of requests arriving in the 60 s before / during the "
+        f"drop, mean over {seeds} seeds (min-max).\n",
+        "| policy | P90 TTFT before | P90 TTFT during | vs hindsight-best | failed |",
+        "|---|---|---|---|---|",
+    ]
+    hind = next(v for k, v in d["table"].items() if k.startswith("hindsight"))
+    ref = _mean(hind, "p90_during_s")
+    for name, rows in d["table"].items():
+        during = _mean(rows, "p90_during_s")
+        rel = f"{during[0] / ref[0] - 1:+.1%}" if during and ref else "-"
+        failed = sum(r["failed"] for r in rows)
+        total = sum(r["requests"] for r in rows)
+        out.append(
+            f"| {name} | {_fmt(_mean(rows, 'p90_before_s'), '.1f', ' s')} | "
+            f"{_fmt(during, '.1f', ' s')} | {rel} | {failed}/{total} |"
+        )
+    grid = ", ".join(
+        f"{t / 1000:g}K: {m[0]:.1f}" for t, m in sorted(d["grid"].items()) if m is not None
+    )
+    out += ["", f"Hindsight grid (fixed t: mean P90 during, s): {grid}.", ""]
+    return out
+
+
+def run_dynamic(pool: ProcessPoolExecutor, seeds: int) -> list[dict[str, Any]]:
+    jobs = [(n, p, s) for n in DYNAMIC for p in POLICIES for s in range(seeds)]
+    return list(pool.map(dynamic_run, jobs))
+
+
+def render_dynamic(rows: list[dict[str, Any]], seeds: int) -> list[str]:
+    out = [
+        "## Dynamic scenarios at 100% of lambda_max (sim)\n",
+        f"SLO attainment (share of requests within the TTFT and TPOT SLOs) and P90 TTFT, mean "
+        f'over {seeds} seeds; "margin" is prfaas-predict\'s attainment minus the better of '
+        "prfaas and prfaas-static, in points.\n",
+        "| scenario | "
+        + " | ".join(f"{p}: SLO / P90" for p in POLICIES)
+        + " | SLO margin | P90 vs best of the two |",
+        "|---|" + "---|" * (len(POLICIES) + 2),
+    ]
+    wins = 0
+    for name in DYNAMIC:
+        cells, att, p90 = [], {}, {}
+        for p in POLICIES:
+            rs = [r for r in rows if r["scenario"] == name and r["policy"] == p]
+            a, q = _mean(rs, "slo_attainment"), _mean(rs, "p90_ttft_s")
+            att[p] = a[0] if a else float("nan")
+            p90[p] = q[0] if q else float("nan")
+            cells.append(f"{a[0]:.1%} / {q[0]:.1f} s" if a and q else "-")
+        margin = (att["prfaas-predict"] - max(att["prfaas"], att["prfaas-static"])) * 100
+        wins += margin >= 5
+        ref = min(p90["prfaas"], p90["prfaas-static"])
+        out.append(
+            f"| {name} | "
+            + " | ".join(cells)
+            + f" | {margin:+.1f} | {p90['prfaas-predict'] / ref - 1:+.0%} |"
+        )
+    out += ["", f"prfaas-predict is 5+ points above the better of the two on {wins} of "
+            f"{len(DYNAMIC)}.", ""]  # fmt: skip
+    return out
+
+
+def run_saturation(pool: ProcessPoolExecutor, seeds: int, duration: float) -> list[dict[str, Any]]:
+    jobs = [(p, s, duration) for p in POLICIES for s in range(seeds)]
+    return list(pool.map(saturation_run, jobs))
+
+
+def render_saturation(rows: list[dict[str, Any]], seeds: int, duration: float) -> list[str]:
+    planner = rows[0]["planner_rps"]
+    static = _mean([r for r in rows if r["policy"] == "prfaas-static"], "rate_rps")
+    out = [
+        "## Saturation, steady paper workload (sim)\n",
+        f"Uniform arrivals at 120% of lambda_max ({planner:.2f} req/s), {duration:.0f} s; "
+        f"completion rate over the last five sixths, mean over {seeds} seeds.\n",
+        "| policy | saturation req/s | vs planner | vs prfaas-static |",
+        "|---|---|---|---|",
+    ]
+    for p in POLICIES:
+        m = _mean([r for r in rows if r["policy"] == p], "rate_rps")
+        assert m is not None and static is not None
+        out.append(f"| {p} | {_fmt(m, '.2f')} | {m[0] / planner - 1:+.1%} | "
+                   f"{m[0] / static[0] - 1:+.1%} |")  # fmt: skip
+    out.append("")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument(
+        "--only", choices=("drop", "yardstick", "dynamic", "saturation", "ablation", "cost")
+    )
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--duration", type=float, default=600.0, help="saturation run, real-world s")
+    ap.add_argument("--report", type=Path, help="also write the tables to this markdown file")
+    ap.add_argument("--json", type=Path, help="also write the raw rows as JSON")
+    args = ap.parse_args()
+    out = [f"# prfaas-predict on the sim (`python bench/predict.py`, {args.seeds} seeds)\n"]
+    raw: dict[str, Any] = {}
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        if args.only in (None, "drop"):
+            d = run_drop(pool, args.seeds)
+            raw["drop"] = d["rows"]
+            out += render_drop(d, args.seeds)
+            print("\n".join(out), flush=True)
+        if args.only in (None, "yardstick"):
+            out += yardstick(args.seeds, args.jobs)
+        if args.only in (None, "dynamic"):
+            rows = run_dynamic(pool, args.seeds)
+            raw["dynamic"] = rows
+            out += render_dynamic(rows, args.seeds)
+        if args.only in (None, "cost"):
+            out += decision_cost()
+        if args.only in (None, "ablation"):
+            out += run_ablation(pool, args.seeds)
+        if args.only in (None, "saturation"):
+            rows = run_saturation(pool, args.seeds, args.duration)
+            raw["saturation"] = rows
+            out += render_saturation(rows, args.seeds, args.duration)
+    text = "\n".join(out)
+    print(text)
+    if args.report:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(text)
+    if args.json:
+        args.json.write_text(json.dumps(raw, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

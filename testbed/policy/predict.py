@@ -1,0 +1,309 @@
+"""`prfaas-predict`: route each request where its first token is predicted to come out first.
+
+The paper's rule compares one number, the uncached length, with one threshold t; the short-term
+loop then moves t as the link changes. Moving t moves every request between the old and the new
+value at once, whatever the queues hold, and the loop saws (issue #18). This policy predicts,
+per request, the time to first token on each prefill option from what the snapshot says now and
+takes the earliest:
+
+- PD-P (local): the queue ahead on the least-loaded PD-P instance (`queue_wait_s`) plus
+  T_prefill of the request's locally uncached tokens on the local hardware;
+- PrfaaS: the queue ahead on the least-loaded PrfaaS instance plus T_prefill on the PrfaaS
+  hardware, then the KV transfer: the link must first carry what is ahead of the request (the
+  bytes in flight, and the KV the PrfaaS queues will emit before it) and then the request's own
+  KV, at the short-term loop's bandwidth estimate times `link_headroom`; plus one RTT.
+
+Within a cluster of identical hardware the queue wait is monotone in the load, so the
+least-loaded instance of each cluster (`Snapshot.least_loaded`, O(log n)) is the best option
+there: a decision is two lookups for prefill and one for decode, whatever the cluster size. The
+decode instance is the one with the most admission room (least outstanding decode work); it is
+the same whichever prefill option wins, so it does not enter the comparison.
+
+Where the prediction cannot be trusted, the paper's threshold decides (the guard): the link
+estimate is cold (no bandwidth yet), the snapshot carries no cost curves, or the instance the
+prediction would use is not in state "ok" (suspect). Parameters: `PredictConfig`
+(testbed/config/policy.py), their reasons in docs/scheduler.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from testbed.config import DeploymentKind
+from testbed.config.policy import PolicyConfig, PredictConfig
+from testbed.policy.base import (
+    POLICIES,
+    Cluster,
+    CostModel,
+    InstanceLoad,
+    LinkView,
+    RequestView,
+    Route,
+    Snapshot,
+)
+
+__all__ = ["Prediction", "PrfaasPredict", "predict"]
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """What `predict` says of one request: first-token time (seconds from now, real-world) on
+    each prefill option (inf where the option does not exist) and the share of its cluster's
+    capacity each option takes, in seconds (what the request costs the ones arriving after it).
+    """
+
+    local: float
+    prfaas: float
+    local_busy: float = 0.0
+    """T_prefill on PD-P over the number of PD-P instances."""
+    prfaas_busy: float = 0.0
+    """The larger of T_prefill on PrfaaS over the number of PrfaaS instances and the KV's time
+    on the link (one link: all of its capacity)."""
+    pull_tokens: int = 0
+    """Prefix pulled from PrfaaS before a PD-P prefill (the local option's plan), 0 if none."""
+
+
+def _ok(inst: InstanceLoad | None) -> bool:
+    return inst is not None and inst.state == "ok"
+
+
+def _lookup(snapshot: Snapshot, cluster: Cluster, role: str) -> InstanceLoad | None:
+    try:
+        return snapshot.least_loaded(cluster, role)
+    except LookupError:
+        return None
+
+
+def link_rate(link: LinkView, config: PredictConfig, floor: float = 0.0) -> float | None:
+    """Bytes/s a new transfer is predicted to get: the short-term loop's estimate, or the rate
+    the link delivered if a backlog of `backlog_s` stands in front of it (the estimate follows
+    a drop within seconds; a standing queue shows it at once), never below `floor` (a black
+    hole's estimate falls to zero, but it heals: see `min_bandwidth_share`), times
+    `link_headroom`. None while the estimator is cold."""
+    bw = link.bandwidth_bps
+    if bw is None:
+        return None
+    delivered = link.delivered_bps
+    if delivered and delivered > 0 and link.in_flight_bytes > delivered * config.backlog_s:
+        bw = min(bw, delivered)
+    bw = max(bw, floor)
+    return bw * config.link_headroom if bw > 0 else None
+
+
+def predict(
+    request: RequestView,
+    local: InstanceLoad | None,
+    prfaas: InstanceLoad | None,
+    costs: CostModel,
+    link: LinkView,
+    config: PredictConfig,
+    pending_kv: float = 0.0,
+    floor_bps: float = 0.0,
+    n_local: int = 1,
+    n_prfaas: int = 1,
+) -> Prediction:
+    """First-token time of `request` on each option (see the module docstring). `pending_kv`:
+    real-world KV bytes of every request outstanding on PrfaaS (sent, in flight or still to be
+    computed), which the link carries before or alongside this request's; `floor_bps`: the
+    least bandwidth to believe in (`link_rate`); `n_local`, `n_prfaas`: prefill instances in
+    each cluster (the busy shares)."""
+    inf = float("inf")
+    bw = link_rate(link, config, floor_bps)
+    rtt = link.rtt_s or 0.0
+    ahead = link.in_flight_bytes
+    if config.count_queued_kv:
+        ahead = max(ahead, pending_kv)
+    # Counted whole although the link shares its rate among transfers (a short KV passes a long
+    # one): a transfer also slows every other one by its own size, so charging the backlog to
+    # each newcomer keeps short prompts off a narrow link (tried: charging at most n x its own
+    # size sent more short prompts across and raised P90 TTFT, see docs/scheduler.md).
+    t_local = busy_local = inf
+    pull = 0
+    if local is not None:
+        own = costs.prefill_s("local", max(request.input_tokens - request.cached_local, 0))
+        t_local, busy_local = local.queue_wait_s + own, own / max(n_local, 1)
+        extra = request.cached_prfaas - request.cached_local
+        if config.pull_prefixes and extra > 0 and bw is not None and not link.scarce:
+            # the paper's cache-aware rule on an abundant link, as a third option: pull the
+            # longer prefix across, then prefill the rest locally
+            rest = costs.prefill_s("local", max(request.input_tokens - request.cached_prfaas, 0))
+            t_pull = (ahead + costs.kv_bytes(extra)) / bw + rtt + local.queue_wait_s + rest
+            if t_pull < t_local:
+                t_local, busy_local, pull = t_pull, rest / max(n_local, 1), extra
+    t_prfaas = busy_prfaas = inf
+    if prfaas is not None and bw is not None:
+        compute = costs.prefill_s("prfaas", max(request.input_tokens - request.cached_prfaas, 0))
+        prefill_done = prfaas.queue_wait_s + compute
+        # the KV sent is what the decode side lacks (docs/scheduler.md, "Prefix cache")
+        kv = costs.kv_bytes(max(request.input_tokens - request.cached_local, 0))
+        # KV leaves layer by layer during the prefill: the link part only adds where it
+        # outlasts the prefill
+        t_prfaas = max(prefill_done, (ahead + kv) / bw) + rtt
+        busy_prfaas = max(compute / max(n_prfaas, 1), kv / bw)
+    return Prediction(t_local, t_prfaas, busy_local, busy_prfaas, pull)
+
+
+@POLICIES.register
+class PrfaasPredict:
+    """Earliest predicted first token; the paper's threshold where predictions are stale."""
+
+    name: ClassVar[str] = "prfaas-predict"
+    deployment_kind: ClassVar[DeploymentKind] = "prfaas-pd"
+    needs_threshold: ClassVar[bool] = True
+    """The guard routes by t (and the planner's t sizes the long-term loop's decisions)."""
+    replans: ClassVar[bool] = True
+    """The short-term loop keeps the link estimate (and t, for the guard) in the snapshot."""
+    long_term: ClassVar[bool] = True
+    cache_aware: ClassVar[bool] = True
+    """Predictions charge each cluster only the tokens its own cache lacks."""
+
+    @classmethod
+    def from_config(cls, config: PolicyConfig) -> PrfaasPredict:
+        """The scenario's `policy.predict` knobs (testbed.policy.make_policy)."""
+        return cls(config.predict)
+
+    def __init__(self, config: PredictConfig | None = None) -> None:
+        self.config = config if config is not None else PredictConfig()
+        self._count_at = -float("inf")
+        self._pending_kv = 0.0
+        self._n = {"local": 1, "prfaas": 1}
+        """Prefill instances in state ok per cluster, as of the last sum."""
+        self._version = 0
+        self._kv_sum = 0.0
+        self._kv_of: dict[str, float] = {}
+        self._ok_of: dict[str, str | None] = {}
+        self._peak_bps = 0.0
+        """The highest bandwidth estimate seen (the link's nominal rate, in practice)."""
+        self.last: Prediction | None = None
+        """The latest decision's prediction (for tests and the bench)."""
+        self.guarded = 0
+        """Decisions the threshold made (stale predictions); for tests and the bench."""
+        self.predicted = 0
+
+    def _recount(self, snapshot: Snapshot, costs: CostModel) -> None:
+        """KV bytes outstanding on PrfaaS (`predict`'s `pending_kv`) and the prefill instances
+        per cluster, brought up to date at most every `recount_s` of snapshot time from the
+        instances that changed since (`Snapshot.changed_since`: the load book walks only those,
+        so a decision never scans the deployment); the KV this policy sends to PrfaaS in
+        between is added as it goes."""
+        if self._count_at <= snapshot.now < self._count_at + self.config.recount_s:
+            return
+        self._count_at = snapshot.now
+        if snapshot.version <= 0 or snapshot.version < self._version:
+            # a hand-made snapshot (it lists every instance) or another book: start over
+            self._version, self._kv_of, self._ok_of, self._kv_sum = 0, {}, {}, 0.0
+            self._n = {"local": 0, "prfaas": 0}
+        n = self._n
+        for i in snapshot.changed_since(self._version):
+            kv = 0.0
+            if i.cluster == "prfaas" and i.role == "prefill" and i.outstanding:
+                # per request: S_kv is near linear, so the mean length stands for each
+                kv = i.outstanding * costs.kv_bytes(i.outstanding_work / i.outstanding)
+            self._kv_sum += kv - self._kv_of.get(i.id, 0.0)
+            self._kv_of[i.id] = kv
+            was = self._ok_of.get(i.id)
+            now = i.cluster if i.role == "prefill" and i.state == "ok" else None
+            if was is not None:
+                n[was] -= 1
+            if now is not None:
+                n[now] += 1
+            self._ok_of[i.id] = now
+        self._version = snapshot.version
+        self._pending_kv = max(self._kv_sum, 0.0)
+
+    def decide(self, request: RequestView, snapshot: Snapshot) -> Route:
+        decode = _lookup(snapshot, "local", "decode")
+        if decode is None:
+            raise LookupError("no decode instance in cluster 'local'")
+        local = _lookup(snapshot, "local", "prefill")
+        prfaas = _lookup(snapshot, "prfaas", "prefill")
+        if local is None and prfaas is None:
+            raise LookupError("no prefill instance")
+        t = snapshot.threshold_tokens
+        costs, link = snapshot.costs, snapshot.link
+        stale = (
+            costs is None
+            or link is None
+            or link.bandwidth_bps is None
+            or (local is not None and not _ok(local))
+            or (prfaas is not None and not _ok(prfaas))
+            or not _ok(decode)
+        )
+        if stale or local is None or prfaas is None:
+            self.guarded += 1
+            return self._guard(request, local, prfaas, decode, t)
+        assert costs is not None and link is not None and link.bandwidth_bps is not None
+        self._peak_bps = max(self._peak_bps, link.bandwidth_bps)
+        self._recount(snapshot, costs)
+        pending = self._pending_kv if self.config.count_queued_kv else 0.0
+        floor = self.config.min_bandwidth_share * self._peak_bps
+        n = self._n
+        p = predict(request, local, prfaas, costs, link, self.config, pending, floor,
+                    n["local"], n["prfaas"])  # fmt: skip
+        self.predicted += 1
+        self.last = p
+        cluster = self.choose(p)
+        if cluster == "prfaas":
+            self._pending_kv += costs.kv_bytes(request.input_tokens - request.cached_local)
+            return self._route(request, cluster, prfaas, decode, t)
+        route = self._route(request, cluster, local, decode, t)
+        if p.pull_tokens:
+            return replace(route, uncached_tokens=request.input_tokens - request.cached_prfaas,
+                           pull_prefix_tokens=p.pull_tokens)  # fmt: skip
+        return route
+
+    def choose(self, p: Prediction) -> Cluster:
+        """The option whose first token comes first, plus `busy_weight` x the share of its
+        cluster it takes; a request that misses `ttft_target` on both goes where it takes the
+        smaller share (it is late anyway; the ones behind it need not be)."""
+        w, target = self.config.busy_weight, self.config.ttft_target
+        best = min(p.local, p.prfaas)
+        if target is not None and best > target:
+            lighter: Cluster = "prfaas" if p.prfaas_busy < p.local_busy else "local"
+            slack = self.config.triage_slack
+            if slack is None or (p.prfaas if lighter == "prfaas" else p.local) <= best * slack:
+                return lighter
+        return "prfaas" if p.prfaas + w * p.prfaas_busy < p.local + w * p.local_busy else "local"
+
+    def _guard(
+        self,
+        request: RequestView,
+        local: InstanceLoad | None,
+        prfaas: InstanceLoad | None,
+        decode: InstanceLoad,
+        t: float | None,
+    ) -> Route:
+        """The paper's rule with the threshold in force (cache-blind: a stale view is no time
+        to pull prefixes), onto whichever cluster still has an instance."""
+        if t is None:
+            raise ValueError(f"{self.name} needs a threshold in the snapshot")
+        uncached = request.input_tokens - request.cached_local
+        cluster: Cluster = "prfaas" if uncached > t else "local"
+        if cluster == "prfaas" and (prfaas is None or not _ok(prfaas)) and _ok(local):
+            cluster = "local"
+        elif cluster == "local" and (local is None or not _ok(local)) and _ok(prfaas):
+            cluster = "prfaas"
+        inst = local if cluster == "local" else prfaas
+        if inst is None:  # only a suspect instance in the other cluster is left: use it
+            cluster = "prfaas" if cluster == "local" else "local"
+            inst = local if cluster == "local" else prfaas
+        assert inst is not None
+        return self._route(request, cluster, inst, decode, t)
+
+    @staticmethod
+    def _route(
+        request: RequestView,
+        cluster: Cluster,
+        prefill: InstanceLoad,
+        decode: InstanceLoad,
+        t: float | None,
+    ) -> Route:
+        cached = request.cached_local if cluster == "local" else request.cached_prfaas
+        return Route(
+            prefill_cluster=cluster,
+            prefill_instance=prefill.id,
+            decode_instance=decode.id,
+            uncached_tokens=max(request.input_tokens - cached, 0),
+            threshold_tokens=t,
+        )
