@@ -324,12 +324,55 @@ def summarize(
             "last": thresholds[-1] if thresholds else None,
         },
         "faults": [{"t": e.t, **e.data} for e in history if e.kind == "fault"],
+        "decisions": decisions(records, scale),
     }
     for key, value in (extra or {}).items():
         if key in summary:
             raise ValueError(f"extra key {key!r} would overwrite a computed summary field")
         summary[key] = value
     return summary
+
+
+def decisions(records: list[RequestRecord], scale: Scale) -> dict[str, Any]:
+    """Who routed (policy or fallback), why the fallback did, and how long a decision took:
+    wall milliseconds, and real-world ones (wall x time_scale: what the emulated deployment
+    waited; a sim decision takes no virtual time, so there only the wall figure means much).
+    One latency per routed request (its last attempt's decision; testbed.policy.decider)."""
+    routed = [r for r in records if r.decided_by is not None]
+    by = Counter(r.decided_by for r in routed)
+    reasons = Counter(
+        (r.fallback_reason or "error").split(":", 1)[0] for r in routed if r.decided_by == "fallback"
+    )
+    wall = [r.decision_wall_s * 1e3 for r in routed if r.decision_wall_s is not None]
+
+    def pct(values: list[float]) -> dict[str, float | None]:
+        if not values:
+            return {"p50": None, "p90": None, "p99": None, "max": None}
+        p50, p90, p99 = np.percentile(np.asarray(values), [50, 90, 99])
+        return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "max": max(values)}
+
+    first = next((r.fallback_reason for r in routed if r.decided_by == "fallback"), None)
+    return {
+        "routed": len(routed),
+        "by": {"policy": by.get("policy", 0), "fallback": by.get("fallback", 0)},
+        "fallback_reasons": dict(sorted(reasons.items())),
+        "first_fallback_reason": first,
+        "latency_wall_ms": pct(wall),
+        "latency_real_ms": pct([w * scale.time_scale for w in wall]),
+    }
+
+
+def _decisions_text(summary: dict[str, Any]) -> list[str]:
+    """One console line when a fallback decided anything (a plugin or an HTTP policy)."""
+    d = summary.get("decisions")
+    if not d or not d["by"]["fallback"]:
+        return []
+    why = ", ".join(f"{k} {v}" for k, v in d["fallback_reasons"].items())
+    lat = d["latency_wall_ms"]
+    return [
+        f"decisions: {d['by']['policy']} by the policy, {d['by']['fallback']} by the fallback "
+        f"({why}); decision p50 {_fmt(lat['p50'], ' ms')} p99 {_fmt(lat['p99'], ' ms')} wall"
+    ]
 
 
 def _fmt(v: float | None, unit: str = "s", digits: int = 3) -> str:
@@ -373,6 +416,7 @@ def to_text(summary: dict[str, Any]) -> str:
         f"peak {_fmt(link['peak_gbps'], ' Gbps')}"
         + (f"; shaper {link['shaper']}" if link.get("shaper") else ""),
         *_cache_text(summary),
+        *_decisions_text(summary),
         f"(real-world units; simulated in virtual time, byte_scale {scale['bytes']:g})"
         if summary.get("substrate") == "sim"
         else f"(real-world units; time_scale {scale['time']:g}, byte_scale {scale['bytes']:g})",

@@ -19,7 +19,8 @@ from testbed.config import DeploymentConfig, LengthsConfig, LongTermConfig, Shor
 from testbed.kvcache.manager import KVCacheManager, cluster_capacities
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.nemesis import NemesisPlayer, PlannedFault, stop_player
-from testbed.policy import get_policy, make_policy
+from testbed.policy import get_policy
+from testbed.policy.decider import Decider
 from testbed.profiles import MODELS
 from testbed.scheduler.cluster import Role
 from testbed.scheduler.loops import ControlLoops
@@ -162,7 +163,7 @@ async def _run(inp: SimInputs) -> SimOutput:
             done.set_result(None)
 
     dispatcher = SimDispatcher(
-        cluster, make_policy(inp.policy), cache, control, inp.scale.byte_scale, live, on_record
+        cluster, Decider.for_spec(inp.policy), cache, control, inp.scale.byte_scale, live, on_record
     )
     if inp.threshold_tokens is not None:
         history.append(HistoryEvent(0.0, "policy", {"threshold_tokens": inp.threshold_tokens}))
@@ -214,6 +215,7 @@ async def _run(inp: SimInputs) -> SimOutput:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+        dispatcher.decider.close()
     _engine_events(instances, history, loop.time())
     history.sort(key=lambda e: e.t)
     ordered = [records[i] for i in submitted if i in records]

@@ -23,8 +23,9 @@ from testbed.clock import LiveClock, Scale
 from testbed.kvcache.manager import CacheLookup, CachePlan, KVCacheManager, plan_request
 from testbed.metrics.prometheus import RouterMetrics
 from testbed.metrics.records import RequestRecord, TokenTimer
-from testbed.policy import make_policy
 from testbed.policy.base import InstanceLoad, RequestView, Route, Snapshot
+from testbed.policy.decider import Decider, Decision
+from testbed.policy.protocol import Outcome
 from testbed.profiles import MODELS
 from testbed.scheduler.cluster import Role, SenderCounters
 from testbed.scheduler.loops import ControlLoops
@@ -74,7 +75,9 @@ class RouterState:
         self.scale = Scale.of(spec)
         self.model = MODELS[spec.model]
         self.engine = engine_requests(spec)
-        self.policy = make_policy(spec.policy)
+        self.decider = Decider.for_spec(spec.policy)
+        """The policy behind the shared failure semantics (fallback, latency; policy.decider)."""
+        self.policy = self.decider.policy
         self.instances = {i.id: role_view(i, i.role) if i.switchable else i for i in spec.instances}
         """The router's view of every instance; a switchable PD instance's entry follows its
         role (role_view)."""
@@ -127,6 +130,7 @@ class RouterState:
             self._workers = HttpWorkers(self.session, self.spec.request_timeout_s)
 
     async def aclose(self) -> None:
+        await self.decider.aclose()
         if self.session is not None:
             await self.session.close()
 
@@ -256,6 +260,8 @@ class RouterState:
             timer.write(rec)
             self.metrics.finished(rec, started=timer.chunks > 0)
             self.records.append(rec)
+            if rec.decided_by is not None:
+                self.decider.on_complete(_view_of(rec), _outcome(rec))
         return rec
 
     async def _run(self, rec: RequestRecord, on_tokens: TokenSink) -> None:
@@ -293,7 +299,10 @@ class RouterState:
         view = RequestView(rec.id, rec.input_tokens, rec.output_tokens, look.local, look.prfaas)
         if self.control is not None and attempt == 0:
             self.control.observe(rec.arrival, self._routed_length(view))
-        route = await self._route(view, exclude)
+        decision = await self._route(view, exclude)
+        route = decision.route
+        rec.decided_by, rec.fallback_reason = decision.decided_by, decision.fallback_reason
+        rec.decision_wall_s = decision.wall_s
         prefill = self.instances[route.prefill_instance]
         decode = self.instances[route.decode_instance]
         rec.route = route.prefill_cluster
@@ -446,7 +455,7 @@ class RouterState:
         self.cache.insert(cluster, self.hash_ids.get(rec.id, ()), plan.reused_tokens)
         return plan
 
-    async def _route(self, view: RequestView, exclude: frozenset[str]) -> Route:
+    async def _route(self, view: RequestView, exclude: frozenset[str]) -> Decision:
         """The policy's route; when no instance can take the request (all down or excluded),
         wait up to `no_route_wait_s` for one to come back (restarted workers rejoin through
         /health), no longer avoiding instances that are healthy again."""
@@ -454,7 +463,7 @@ class RouterState:
         deadline = time.monotonic() + wait
         for _ in range(int(wait / poll) + 2):
             try:
-                return self.policy.decide(view, self.snapshot(exclude))
+                return await self.decider.adecide(view, self.snapshot(exclude))
             except (LookupError, ValueError) as exc:
                 if time.monotonic() >= deadline:
                     raise RequestError(f"no route: {exc}") from None
@@ -463,3 +472,23 @@ class RouterState:
                 x for x in exclude if x in ("prfaas", "local") or not self.healthy.get(x, True)
             )
         raise RequestError("no route: no instance came back in time")
+
+
+def _view_of(rec: RequestRecord) -> RequestView:
+    return RequestView(
+        rec.id, rec.input_tokens, rec.output_tokens, rec.cached_local, rec.cached_prfaas
+    )
+
+
+def _outcome(rec: RequestRecord) -> Outcome:
+    """What the policy's feedback hears about a request that ended (policy.protocol)."""
+    return Outcome(
+        status=rec.status,
+        route=rec.route,
+        prefill_instance=rec.prefill_instance,
+        decode_instance=rec.decode_instance,
+        ttft_s=rec.ttft,
+        e2e_s=rec.e2e,
+        failure_reason=rec.failure_reason,
+        decided_by=rec.decided_by,
+    )
