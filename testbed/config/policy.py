@@ -87,9 +87,9 @@ class PolicyConfig(StrictModel):
     @model_validator(mode="after")
     def _http(self) -> PolicyConfig:
         if self.kind == "python":
-            extra = [
-                f for f in ("url", "command") if getattr(self, f) is not None
-            ] + [f for f in ("timeout", "fallback", "debug_validate") if f in self.model_fields_set]
+            extra = [f for f in ("url", "command") if getattr(self, f) is not None] + [
+                f for f in ("timeout", "fallback", "debug_validate") if f in self.model_fields_set
+            ]
             if extra:
                 raise ValueError(f"{', '.join(extra)}: only for kind: http")
             return self

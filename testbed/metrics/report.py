@@ -140,10 +140,8 @@ def _decisions_section(summary: dict[str, Any]) -> list[str]:
         + "."
     )
     if d["fallback_reasons"]:
-        lines += [""] + _table(
-            ["fallback reason", "requests"],
-            [[k, _num(v)] for k, v in d["fallback_reasons"].items()],
-        )
+        reasons = [[k, _num(v)] for k, v in d["fallback_reasons"].items()]
+        lines += ["", *_table(["fallback reason", "requests"], reasons)]
     rows = [["wall", *(_num(wall[k], " ms") for k in ("p50", "p90", "p99", "max"))]]
     if not sim:
         rows.append(["real-world", *(_num(real[k], " ms") for k in ("p50", "p90", "p99", "max"))])

@@ -341,7 +341,9 @@ def decisions(records: list[RequestRecord], scale: Scale) -> dict[str, Any]:
     routed = [r for r in records if r.decided_by is not None]
     by = Counter(r.decided_by for r in routed)
     reasons = Counter(
-        (r.fallback_reason or "error").split(":", 1)[0] for r in routed if r.decided_by == "fallback"
+        (r.fallback_reason or "error").split(":", 1)[0]
+        for r in routed
+        if r.decided_by == "fallback"
     )
     wall = [r.decision_wall_s * 1e3 for r in routed if r.decision_wall_s is not None]
 

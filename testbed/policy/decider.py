@@ -19,6 +19,7 @@ A decision's wall latency is measured here, for the report; on the sim it costs 
 
 from __future__ import annotations
 
+import contextlib
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -165,9 +166,7 @@ class Decider:
             return self._fall_back(view, snapshot, problem, t0)
         return Decision(route, "policy", None, time.perf_counter() - t0)
 
-    def _fall_back(
-        self, view: RequestView, snapshot: Snapshot, reason: str, t0: float
-    ) -> Decision:
+    def _fall_back(self, view: RequestView, snapshot: Snapshot, reason: str, t0: float) -> Decision:
         assert self.fallback is not None
         route = self.fallback.decide(view, snapshot)  # its LookupError: no route yet
         return Decision(route, "fallback", reason, time.perf_counter() - t0)
@@ -178,10 +177,8 @@ class Decider:
         """Tell the policy how a request it routed ended (never raises, never blocks long)."""
         if self._on_complete is None:
             return
-        try:
+        with contextlib.suppress(Exception):  # a policy's feedback must not fail a request
             self._on_complete(view, outcome)
-        except Exception:  # a policy's feedback handler must not fail a request
-            pass
 
     def close(self) -> None:
         close = getattr(self.policy, "close", None)

@@ -216,7 +216,7 @@ class HttpPolicy:
                 raise TimeoutError(f"timeout: no answer within {self.spec.timeout_s * 1e3:g}ms")
             try:
                 status, answer = self._post_blocking(body, left)
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 self._drop_conn()
                 self.encoder.reset()
                 raise TimeoutError(
@@ -241,7 +241,10 @@ class HttpPolicy:
                 self._conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._conn.sock.settimeout(timeout)
         self._conn.request(
-            "POST", self._path, body, {"Content-Type": "application/json", "Connection": "keep-alive"}
+            "POST",
+            self._path,
+            body,
+            {"Content-Type": "application/json", "Connection": "keep-alive"},
         )
         resp = self._conn.getresponse()
         data = resp.read()

@@ -305,7 +305,9 @@ class SnapshotMirror:
 
 def snapshot_from_doc(snap: dict[str, Any], rows: dict[str, list[Any]] | None = None) -> Snapshot:
     """The Python snapshot a document stands for (rows: a mirror's, for a delta)."""
-    instances = tuple(decode_instance(r) for r in (rows or {r[0]: r for r in snap["instances"]}).values())
+    instances = tuple(
+        decode_instance(r) for r in (rows or {r[0]: r for r in snap["instances"]}).values()
+    )
     kw: dict[str, Any] = {
         "now": float(snap["now"]),
         "instances": instances,
