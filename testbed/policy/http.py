@@ -55,6 +55,7 @@ __all__ = [
     "HttpSpec",
     "NoRouteYet",
     "SchedulerProcess",
+    "check_schema",
     "is_http_spec",
 ]
 
@@ -125,6 +126,11 @@ class HttpSpec:
         return urllib.parse.urlunsplit((parts.scheme, parts.netloc, FEEDBACK_PATH, "", ""))
 
 
+def check_schema(name: str, doc: Any) -> None:
+    """ProtocolError ("garbage: ...") unless `doc` fits schemas/NAME.json (tests, debug)."""
+    _Schemas.check(name, doc)
+
+
 class _Schemas:
     """The protocol's JSON Schemas, loaded on first use (debug only: not the hot path)."""
 
@@ -138,8 +144,13 @@ class _Schemas:
                 import jsonschema  # type: ignore[import-untyped]
             except ImportError as exc:
                 raise RuntimeError("validate=1 needs the jsonschema package") from exc
-            schema = json.loads((SCHEMAS / f"{name}.json").read_text())
-            v = cls._validators[name] = jsonschema.Draft202012Validator(schema)
+            from referencing import Registry, Resource  # comes with jsonschema
+
+            docs = {p.stem: json.loads(p.read_text()) for p in SCHEMAS.glob("*.json")}
+            reg: Any = Registry().with_resources(
+                (d["$id"], Resource.from_contents(d)) for d in docs.values()
+            )
+            v = cls._validators[name] = jsonschema.Draft202012Validator(docs[name], registry=reg)
         errors = sorted(v.iter_errors(doc), key=lambda e: list(e.path))
         if errors:
             e = errors[0]
