@@ -86,3 +86,13 @@ def serve(app: web.Application) -> Iterator[str]:
         loop.call_soon_threadsafe(loop.stop)
         t.join(timeout=START_TIMEOUT_S)
         loop.close()
+
+
+def _service_key() -> object:
+    from least_ttft.server import SERVICE
+
+    return SERVICE
+
+
+SERVICE_KEY: Any = _service_key()
+"""`app[SERVICE_KEY]` is the example service's state (its mirrors, its decision count)."""
