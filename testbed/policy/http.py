@@ -141,7 +141,7 @@ class _Schemas:
         v = cls._validators.get(name)
         if v is None:
             try:
-                import jsonschema  # type: ignore[import-untyped]
+                import jsonschema
             except ImportError as exc:
                 raise RuntimeError("validate=1 needs the jsonschema package") from exc
             from referencing import Registry, Resource  # comes with jsonschema

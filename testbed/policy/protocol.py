@@ -247,11 +247,16 @@ def decode_route(doc: Any, threshold: float | None = None) -> Route:
     pre, dec = r.get("prefill_instance"), r.get("decode_instance")
     if not isinstance(pre, str) or not isinstance(dec, str):
         raise ProtocolError("garbage: prefill_instance and decode_instance must be strings")
-    unc, pull = r.get("uncached_tokens"), r.get("pull_prefix_tokens", 0)
-    for name, v in (("uncached_tokens", unc), ("pull_prefix_tokens", pull)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ProtocolError(f"garbage: {name} must be a non-negative integer, got {v!r}")
+    unc = _count(r, "uncached_tokens", None)
+    pull = _count(r, "pull_prefix_tokens", 0)
     return Route(cluster, pre, dec, unc, threshold, pull_prefix_tokens=pull)
+
+
+def _count(doc: dict[str, Any], name: str, default: int | None) -> int:
+    v = doc.get(name, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ProtocolError(f"garbage: {name} must be a non-negative integer, got {v!r}")
+    return v
 
 
 def decode_request(doc: dict[str, Any]) -> RequestView:
