@@ -67,14 +67,15 @@ class Mirror:
 
     def __init__(self) -> None:
         self.version: int | None = None
-        self.rows: dict[str, list[Any]] = {}
+        self.instances: dict[str, Instance] = {}
+        """Decoded once, when a row arrives: a delta costs what changed, not the deployment."""
         self.costs: KnotCosts | None = None
 
     def apply(self, snap: dict[str, Any]) -> bool:
         """False when `snap` is a delta on a version not held (answer 409)."""
         base = snap.get("base")
         if base is None:
-            self.rows = {}
+            self.instances = {}
             c = snap.get("costs")
             if c:
                 self.costs = KnotCosts(
@@ -85,9 +86,9 @@ class Mirror:
             self.version = None
             return False
         for iid in snap.get("removed", ()):
-            self.rows.pop(iid, None)
+            self.instances.pop(iid, None)
         for row in snap["instances"]:
-            self.rows[row[0]] = row
+            self.instances[row[0]] = Instance(*row)
         self.version = snap["version"]
         return True
 
@@ -116,7 +117,7 @@ class Service:
         mirror = self.mirror(str(doc.get("router", "")))
         if not mirror.apply(snap):
             return 409, {"protocol": PROTOCOL, "error": "resync"}
-        instances = [Instance(*row) for row in mirror.rows.values()]
+        instances = list(mirror.instances.values())
         link = Link(**snap["link"]) if snap.get("link") else None
         fields = Request.__dataclass_fields__
         req = Request(**{k: v for k, v in doc["request"].items() if k in fields})
