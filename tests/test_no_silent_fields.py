@@ -226,11 +226,24 @@ FIELDS: dict[str, Tests] = {
     "PolicyConfig.long_term": RUN
     + "test_the_long_term_loop_makes_pd_instances_with_its_switch_time",
     "PolicyConfig.kind": BYOS_HTTP + "test_scenario_kind_http_names_the_policy_by_its_url",
-    "PolicyConfig.url": (BYOS_HTTP + "test_scenario_kind_http_names_the_policy_by_its_url", BYOS_FAULTS + "test_a_scenario_owns_its_scheduler_on_the_sim"),
-    "PolicyConfig.timeout": (BYOS_HTTP + "test_scenario_kind_http_names_the_policy_by_its_url", BYOS_HTTP + "test_a_slow_service_falls_back_within_the_timeout"),
-    "PolicyConfig.fallback": (BYOS_HTTP + "test_scenario_kind_http_names_the_policy_by_its_url", BYOS_HTTP + "test_a_policy_url_is_a_policy_with_its_fallbacks_facts"),
-    "PolicyConfig.command": (BYOS_FAULTS + "test_a_scenario_owns_its_scheduler_on_the_sim", BYOS_CHAOS + "test_killing_the_scheduler_loses_nothing"),
-    "PolicyConfig.debug_validate": BYOS_FAULTS + "test_debug_validate_checks_answers_against_the_schemas",
+    "PolicyConfig.url": (
+        BYOS_HTTP + "test_scenario_kind_http_names_the_policy_by_its_url",
+        BYOS_FAULTS + "test_a_scenario_owns_its_scheduler_on_the_sim",
+    ),
+    "PolicyConfig.timeout": (
+        BYOS_HTTP + "test_scenario_kind_http_names_the_policy_by_its_url",
+        BYOS_HTTP + "test_a_slow_service_falls_back_within_the_timeout",
+    ),
+    "PolicyConfig.fallback": (
+        BYOS_HTTP + "test_scenario_kind_http_names_the_policy_by_its_url",
+        BYOS_HTTP + "test_a_policy_url_is_a_policy_with_its_fallbacks_facts",
+    ),
+    "PolicyConfig.command": (
+        BYOS_FAULTS + "test_a_scenario_owns_its_scheduler_on_the_sim",
+        BYOS_CHAOS + "test_killing_the_scheduler_loses_nothing",
+    ),
+    "PolicyConfig.debug_validate": BYOS_FAULTS
+    + "test_debug_validate_checks_answers_against_the_schemas",
     "PlannerConfig.threshold_step": PREP + "test_threshold_step_is_the_planners_grid",
     "ShortTermConfig.interval": SHORT_LOOP,
     "ShortTermConfig.replan_change": (
@@ -319,11 +332,26 @@ FIELDS: dict[str, Tests] = {
     "PauseAction.for_": (ACT + "test_process_faults_act_on_their_planned_targets", PLAYER),
     "RestartAction.action": (ACT + "test_process_faults_act_on_their_planned_targets", REGISTERED),
     "BurstAction.action": (ACT + "test_burst_at_for_and_multiplier", REGISTERED),
-    "SchedulerKillAction.action": (BYOS_FAULTS + "test_scheduler_faults_act_on_the_owned_scheduler", REGISTERED),
-    "SchedulerPauseAction.action": (BYOS_FAULTS + "test_scheduler_faults_act_on_the_owned_scheduler", REGISTERED),
-    "SchedulerPauseAction.for_": (BYOS_FAULTS + "test_scheduler_faults_need_their_window_and_an_owned_scheduler", BYOS_CHAOS + "test_a_slow_then_paused_scheduler_falls_back_in_time"),
-    "SchedulerSlowAction.action": (BYOS_FAULTS + "test_scheduler_faults_act_on_the_owned_scheduler", REGISTERED),
-    "SchedulerSlowAction.for_": (BYOS_FAULTS + "test_scheduler_faults_need_their_window_and_an_owned_scheduler", BYOS_CHAOS + "test_a_slow_then_paused_scheduler_falls_back_in_time"),
+    "SchedulerKillAction.action": (
+        BYOS_FAULTS + "test_scheduler_faults_act_on_the_owned_scheduler",
+        REGISTERED,
+    ),
+    "SchedulerPauseAction.action": (
+        BYOS_FAULTS + "test_scheduler_faults_act_on_the_owned_scheduler",
+        REGISTERED,
+    ),
+    "SchedulerPauseAction.for_": (
+        BYOS_FAULTS + "test_scheduler_faults_need_their_window_and_an_owned_scheduler",
+        BYOS_CHAOS + "test_a_slow_then_paused_scheduler_falls_back_in_time",
+    ),
+    "SchedulerSlowAction.action": (
+        BYOS_FAULTS + "test_scheduler_faults_act_on_the_owned_scheduler",
+        REGISTERED,
+    ),
+    "SchedulerSlowAction.for_": (
+        BYOS_FAULTS + "test_scheduler_faults_need_their_window_and_an_owned_scheduler",
+        BYOS_CHAOS + "test_a_slow_then_paused_scheduler_falls_back_in_time",
+    ),
     "SchedulerSlowAction.delay": BYOS_FAULTS + "test_scheduler_faults_act_on_the_owned_scheduler",
     "BurstAction.for_": ACT + "test_burst_at_for_and_multiplier",
     "BurstAction.multiplier": ACT + "test_burst_at_for_and_multiplier",

@@ -1,7 +1,14 @@
 """The policy interface: a pure routing decision, (request, snapshot) -> route, and the registry.
 
-Policies do no I/O and read time only from the snapshot, so the same policy runs live here and in
-a future virtual-time simulator, and a unit test can drive it with hand-made snapshots.
+Policies do no I/O and read time only from the snapshot, so the same policy runs live and on the
+virtual-time simulator (testbed.sim), and a unit test can drive it with hand-made snapshots.
+
+The snapshot holds what a production scheduler could observe, and no more: per instance its
+load, estimated queue wait and state; the cross-datacenter link as the short-term loop sees it
+(estimated bandwidth, bytes in flight, delivered rate, RTT, scarcity); the model's cost curves
+(T_prefill per cluster's hardware, S_kv) so a policy can predict without hard-coding them. The
+router and the simulator keep it incrementally (testbed.policy.book): finding the least-loaded
+instance is a heap lookup, not a scan, so a decision stays cheap at 10,000 instances.
 
 A policy class also declares, as class attributes, the facts the rest of the testbed needs about
 it (which deployment it runs on, whether it needs a threshold, which scheduler loops the router
@@ -12,17 +19,25 @@ its classes with `@POLICIES.register`, so adding a policy is one new file (docs/
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Protocol, get_args
 
 from testbed.config import DeploymentKind
+from testbed.profiles import Curve, ModelProfile
 from testbed.registry import Registry
 
 Cluster = Literal["prfaas", "local"]
+InstanceState = Literal["ok", "draining", "suspect"]
+"""ok: takes new work. draining: the long-term loop is emptying it before a role switch.
+suspect: out of rotation after a failed attempt until its health check answers again."""
 
 __all__ = [
     "POLICIES",
+    "CostModel",
     "InstanceLoad",
+    "InstanceState",
+    "LinkView",
     "Policy",
     "RequestView",
     "Route",
@@ -31,7 +46,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class InstanceLoad:
     id: str
     cluster: Cluster
@@ -40,9 +55,14 @@ class InstanceLoad:
     """Requests dispatched to the instance and not finished there."""
     outstanding_work: float
     """Prefill: uncached tokens queued or running; decode: output tokens still to generate."""
+    queue_wait_s: float = 0.0
+    """Estimated real-world seconds before work sent now would start: for a prefill instance
+    the T_prefill of each request it has outstanding, summed; 0 for a decode instance."""
+    state: InstanceState = "ok"
+    hardware: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RequestView:
     id: str
     input_tokens: int
@@ -50,16 +70,129 @@ class RequestView:
     cached_local: int = 0
     """Longest cached prefix of the request in the local PD cluster (tokens)."""
     cached_prfaas: int = 0
+    kv_bytes: float = 0.0
+    """Real-world KVCache bytes the request would move across the link if prefilled on
+    PrfaaS (S_kv of its input length)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LinkView:
+    """The cross-datacenter link as the short-term loop sees it from the senders' counters,
+    as of its last tick (scheduler.loops); None fields are not known yet."""
+
+    bandwidth_bps: float | None
+    """Estimated bandwidth the link offers, real-world bytes/s (scheduler.bandwidth)."""
+    in_flight_bytes: float
+    """Real-world KV bytes sent or queued by the PrfaaS senders and not yet acknowledged."""
+    delivered_bps: float | None
+    """Real-world bytes/s acknowledged over the last tick."""
+    rtt_s: float | None
+    """Round-trip time the deployment configures for the link (real-world seconds)."""
+    scarce: bool
+    """The short-term loop's verdict: bandwidth is scarce (scheduler.shortterm)."""
+
+
+Knots = tuple[tuple[float, ...], tuple[float, ...]]
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """The model profile's cost curves as the policy may use them: T_prefill of each cluster's
+    hardware and S_kv, as their knots (piecewise-linear, extrapolated linearly)."""
+
+    prefill_knots: Mapping[str, Knots]
+    """Per cluster name: (input tokens, real-world seconds) of T_prefill on its hardware."""
+    kv_knots: Knots
+    """(input tokens, real-world bytes) of S_kv."""
+    kv_state_bytes: float = 0.0
+    """The fixed part of S_kv (linear-attention states): S_kv never goes below it."""
+    _curves: dict[str, Curve] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, model: ModelProfile, hardware: Mapping[str, str]) -> CostModel:
+        """The curves of `model` on the hardware of each cluster (cluster -> hardware name)."""
+        knots = {c: (model.prefill[h].xs, model.prefill[h].ys) for c, h in hardware.items()}
+        kv = model.kv_bytes_curve
+        return cls(knots, (kv.xs, kv.ys), model.state_bytes)
+
+    def _curve(self, key: str, knots: Knots) -> Curve:
+        curve = self._curves.get(key)
+        if curve is None:
+            curve = self._curves[key] = Curve(*knots)
+        return curve
+
+    def prefill_s(self, cluster: str, tokens: float) -> float:
+        """T_prefill of `tokens` uncached tokens on `cluster`'s hardware (KeyError if none)."""
+        if tokens <= 0:
+            return 0.0
+        return max(self._curve(cluster, self.prefill_knots[cluster])(tokens), 0.0)
+
+    def kv_bytes(self, tokens: float) -> float:
+        """S_kv of `tokens` input tokens."""
+        if tokens <= 0:
+            return 0.0
+        return max(self._curve("", self.kv_knots)(tokens), self.kv_state_bytes)
+
+
+class LoadIndex(Protocol):
+    """What a snapshot asks of the load book that made it (testbed.policy.book)."""
+
+    def least(
+        self, cluster: Cluster | None, role: str, exclude: frozenset[str]
+    ) -> InstanceLoad | None: ...
+
+    def changed_since(self, version: int, exclude: frozenset[str]) -> tuple[InstanceLoad, ...]: ...
 
 
 @dataclass(frozen=True)
 class Snapshot:
+    """What the policy sees at one decision. A snapshot the router or the simulator hands out
+    reads their live load book: valid during the `decide` call it was made for."""
+
     now: float
-    instances: tuple[InstanceLoad, ...]
+    instances: Sequence[InstanceLoad]
+    """Every instance (not excluded for this request) with its load and state; only those in
+    state "ok" may be routed to. Built on first access from a book-backed snapshot."""
     threshold_tokens: float | None = None
     """The threshold currently in force (from the scenario or the planner)."""
     bandwidth_scarce: bool = False
     """The short-term loop judges the cross-datacenter link scarce (see scheduler.shortterm)."""
+    link: LinkView | None = None
+    """None on a deployment without a cross-datacenter link."""
+    costs: CostModel | None = None
+    version: int = 0
+    """Counts changes of any instance's load or state: `changed_since(v)` gives what moved."""
+    index: LoadIndex | None = field(default=None, repr=False, compare=False)
+    exclude: frozenset[str] = frozenset()
+    """Instance ids or cluster names this request must not use (it failed there)."""
+
+    def least_loaded(self, cluster: Cluster | None, role: str) -> InstanceLoad:
+        """The instance of `role` in state ok (in `cluster`, if given) with the least outstanding
+        work, then fewest requests, then smallest id; LookupError if there is none."""
+        if self.index is not None:
+            best = self.index.least(cluster, role, self.exclude)
+        else:
+            candidates = [
+                i
+                for i in self.instances
+                if i.role == role and i.state == "ok" and (cluster is None or i.cluster == cluster)
+            ]
+            best = (
+                min(candidates, key=lambda i: (i.outstanding_work, i.outstanding, i.id))
+                if candidates
+                else None
+            )
+        if best is None:
+            where = f" in cluster {cluster!r}" if cluster else ""
+            raise LookupError(f"no {role} instance{where}")
+        return best
+
+    def changed_since(self, version: int) -> tuple[InstanceLoad, ...]:
+        """The instances whose load or state changed after `version` (all of them for a
+        hand-made snapshot): what a delta encoding sends."""
+        if self.index is None or version <= 0:
+            return tuple(self.instances)
+        return self.index.changed_since(version, self.exclude)
 
 
 @dataclass(frozen=True)
@@ -129,13 +262,6 @@ from outside it: `module:Class`, or an entry point of the `prfaas_testbed.polici
 
 
 def least_loaded(snapshot: Snapshot, cluster: Cluster | None, role: str) -> InstanceLoad:
-    """The instance of `role` (in `cluster`, if given) with the least outstanding work."""
-    candidates = [
-        i
-        for i in snapshot.instances
-        if i.role == role and (cluster is None or i.cluster == cluster)
-    ]
-    if not candidates:
-        where = f" in cluster {cluster!r}" if cluster else ""
-        raise LookupError(f"no {role} instance{where}")
-    return min(candidates, key=lambda i: (i.outstanding_work, i.outstanding, i.id))
+    """The instance of `role` (in `cluster`, if given) with the least outstanding work
+    (`Snapshot.least_loaded`)."""
+    return snapshot.least_loaded(cluster, role)

@@ -22,10 +22,11 @@ from __future__ import annotations
 import contextlib
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from testbed.policy.base import POLICIES, Policy, RequestView, Route, Snapshot
+from testbed.policy.base import POLICIES, InstanceLoad, Policy, RequestView, Route, Snapshot
 from testbed.policy.http import DEFAULT_FALLBACK, HttpPolicy, is_http_spec
 from testbed.policy.protocol import Outcome, ProtocolError
 
@@ -64,27 +65,49 @@ def fallback_kind(reason: str | None) -> str:
 
 
 def route_problem(route: Any, snapshot: Snapshot) -> str | None:
-    """Why `route` cannot be used on `snapshot` (a fallback reason), or None if it can."""
+    """Why `route` cannot be used on `snapshot` (a fallback reason), or None if it can.
+
+    A book-backed snapshot looks each instance up in its load book (O(1)); a hand-made one
+    is indexed once."""
     if not isinstance(route, Route):
         return f"garbage: decide returned {type(route).__name__}, not a Route"
-    index = {i.id: i for i in snapshot.instances}
+    lookup = _lookup(snapshot)
+    found: dict[str, InstanceLoad] = {}
     for iid, role in ((route.prefill_instance, "prefill"), (route.decode_instance, "decode")):
-        inst = index.get(iid)
+        inst = lookup(iid)
         if inst is None:
             return f"unknown-instance: {role} instance {iid!r} is not in the snapshot"
         if inst.role != role:
             return f"wrong-role: {iid!r} is a {inst.role} instance, not {role}"
-        state = getattr(inst, "state", "ok")
-        if state != "ok":
-            return f"not-ok: {role} instance {iid!r} is {state}"
-    if index[route.prefill_instance].cluster != route.prefill_cluster:
+        if iid in snapshot.exclude or inst.cluster in snapshot.exclude:
+            return f"not-ok: {role} instance {iid!r} failed this request before (excluded)"
+        if inst.state != "ok":
+            return f"not-ok: {role} instance {iid!r} is {inst.state}"
+        found[role] = inst
+    if found["prefill"].cluster != route.prefill_cluster:
         return (
             f"wrong-cluster: {route.prefill_instance!r} is in "
-            f"{index[route.prefill_instance].cluster}, the route says {route.prefill_cluster}"
+            f"{found['prefill'].cluster}, the route says {route.prefill_cluster}"
         )
     if route.uncached_tokens < 0 or route.pull_prefix_tokens < 0:
         return "garbage: negative token count in the route"
     return None
+
+
+def _lookup(snapshot: Snapshot) -> Callable[[str], InstanceLoad | None]:
+    load = getattr(snapshot.index, "load", None)  # testbed.policy.book.LoadBook.load
+    if callable(load):
+
+        def from_book(iid: str) -> InstanceLoad | None:
+            try:
+                found = load(iid)
+            except KeyError:
+                return None
+            return found if isinstance(found, InstanceLoad) else None
+
+        return from_book
+    index = {i.id: i for i in snapshot.instances}
+    return index.get
 
 
 def _reason(exc: BaseException) -> str:

@@ -181,6 +181,8 @@ class HttpPolicy:
         self._path = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
         self._conn: http.client.HTTPConnection | None = None
         self._session: Any = None  # aiohttp.ClientSession, made on the first live decision
+        self._lock: asyncio.Lock | None = None
+        """Live decisions go one at a time: each delta is on the base the last one left."""
         self._feedback: queue.Queue[dict[str, Any] | None] | None = None
         self._feeder: threading.Thread | None = None
         self.feedback_dropped = 0
@@ -276,8 +278,28 @@ class HttpPolicy:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=64, keepalive_timeout=60),
             )
+        if self._lock is None:
+            self._lock = asyncio.Lock()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.spec.timeout_s
+        try:  # one exchange at a time (the delta's base); waiting counts against the timeout
+            async with asyncio.timeout(self.spec.timeout_s):
+                await self._lock.acquire()
+        except TimeoutError:
+            raise TimeoutError(
+                f"timeout: no answer within {self.spec.timeout_s * 1e3:g}ms (queued behind "
+                "other decisions)"
+            ) from None
+        try:
+            return await self._exchange(request, snapshot, deadline)
+        finally:
+            self._lock.release()
+
+    async def _exchange(self, request: RequestView, snapshot: Snapshot, deadline: float) -> Route:
+        import aiohttp
+
+        assert self._session is not None
+        loop = asyncio.get_running_loop()
         full = False
         for _ in range(2):
             body = self._body(request, snapshot, full)

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from testbed.policy.base import InstanceLoad, RequestView, Route, Snapshot
+from testbed.policy.base import CostModel, InstanceLoad, LinkView, RequestView, Route, Snapshot
 
 __all__ = [
     "FEEDBACK_PATH",
@@ -127,62 +127,87 @@ def _costs_doc(snapshot: Snapshot) -> dict[str, Any] | None:
         return {
             "prefill_knots": {c: _knots(v) for c, v in dict(costs.prefill_knots).items()},
             "kv_knots": _knots(costs.kv_knots),
+            "kv_state_bytes": float(getattr(costs, "kv_state_bytes", 0.0)),
         }
     except (AttributeError, TypeError, ValueError):
         return None
 
 
+@dataclass
+class _Sent:
+    """What the service holds once it acknowledges a snapshot."""
+
+    doc_version: int
+    book_version: int | None
+    """The snapshot's own `version` when it came from a load book (changed_since works)."""
+    rows: dict[str, InstanceLoad] | None
+    """Per instance, for snapshots without a book (hand-made): the delta is a comparison."""
+
+
 class DeltaEncoder:
-    """The router's side of the delta: what it last sent, per instance, and the version.
+    """The router's side of the delta: what the service holds, and the next version.
 
     `encode` builds the next snapshot document against the last one the service acknowledged
     (`commit` after a 200 or a 503); any other outcome (timeout, error, 409) makes the next one
-    full, since the service may or may not have applied it. Comparing rows costs O(instances)
-    per decision in the router, but the wire carries only the changed ones."""
+    full, since the service may or may not have applied it. A snapshot from the router's or the
+    sim's load book gives its delta by `changed_since` (it walks only what changed); a hand-made
+    one is compared row by row. A snapshot that excludes instances for its request (a retry)
+    goes full and is no base for the next delta, so the service never keeps a stale view of
+    what was left out. One exchange at a time: the caller serialises them."""
 
     def __init__(self) -> None:
         self.version = 0
-        self._acked: dict[str, InstanceLoad] | None = None
-        self._acked_version: int | None = None
-        self._pending: tuple[int, dict[str, InstanceLoad]] | None = None
+        self._acked: _Sent | None = None
+        self._pending: _Sent | None = None
+        self.full_sent = 0
 
     def reset(self) -> None:
         """The next snapshot is full."""
         self._acked = None
-        self._acked_version = None
         self._pending = None
 
     def encode(self, snapshot: Snapshot, *, full: bool = False) -> dict[str, Any]:
         self.version += 1
-        current = {i.id: i for i in snapshot.instances}
-        base = None if full else self._acked
+        book = snapshot.index is not None
+        partial = bool(snapshot.exclude)
+        base = None if full or partial else self._acked
         doc: dict[str, Any] = {
             "version": self.version,
-            "base": None if base is None else self._acked_version,
+            "base": None if base is None else base.doc_version,
             "now": snapshot.now,
             "threshold_tokens": snapshot.threshold_tokens,
             "bandwidth_scarce": snapshot.bandwidth_scarce,
             "link": _link_doc(snapshot),
         }
+        rows: dict[str, InstanceLoad] | None = None
         if base is None:
-            doc["instances"] = [encode_instance(i) for i in current.values()]
+            self.full_sent += 1
+            instances = list(snapshot.instances)
+            doc["instances"] = [encode_instance(i) for i in instances]
             doc["removed"] = []
             costs = _costs_doc(snapshot)
             if costs is not None:
                 doc["costs"] = costs
-        else:
+            if not book:
+                rows = {i.id: i for i in instances}
+        elif book and base.book_version is not None:
             doc["instances"] = [
-                encode_instance(i) for iid, i in current.items() if base.get(iid) != i
+                encode_instance(i) for i in snapshot.changed_since(base.book_version)
             ]
-            doc["removed"] = [iid for iid in base if iid not in current]
-        self._pending = (self.version, current)
+            doc["removed"] = []
+        else:
+            rows = {i.id: i for i in snapshot.instances}
+            held = base.rows or {}
+            doc["instances"] = [encode_instance(i) for iid, i in rows.items() if held.get(iid) != i]
+            doc["removed"] = [iid for iid in held if iid not in rows]
+        self._pending = (
+            None if partial else _Sent(self.version, snapshot.version if book else None, rows)
+        )
         return doc
 
     def commit(self) -> None:
-        """The service holds the last encoded snapshot."""
-        if self._pending is not None:
-            self._acked_version, self._acked = self._pending
-            self._pending = None
+        """The service holds the last encoded snapshot (a partial one is no base: reset)."""
+        self._acked, self._pending = self._pending, None
 
 
 def encode_decision(router: str, view: RequestView, snapshot_doc: dict[str, Any]) -> dict[str, Any]:
@@ -308,15 +333,29 @@ class SnapshotMirror:
         return self.rows
 
 
-def snapshot_from_doc(snap: dict[str, Any], rows: dict[str, list[Any]] | None = None) -> Snapshot:
-    """The Python snapshot a document stands for (rows: a mirror's, for a delta)."""
-    instances = tuple(
-        decode_instance(r) for r in (rows or {r[0]: r for r in snap["instances"]}).values()
+def snapshot_from_doc(
+    snap: dict[str, Any],
+    rows: dict[str, list[Any]] | None = None,
+    costs: dict[str, Any] | None = None,
+) -> Snapshot:
+    """The Python snapshot a document stands for: what a Python policy would have been handed
+    (for a delta, pass a mirror's `rows` and `costs`)."""
+    table = rows if rows is not None else {r[0]: r for r in snap["instances"]}
+    link = snap.get("link")
+    c = snap.get("costs") or costs
+    return Snapshot(
+        now=float(snap["now"]),
+        instances=tuple(decode_instance(r) for r in table.values()),
+        threshold_tokens=snap.get("threshold_tokens"),
+        bandwidth_scarce=bool(snap.get("bandwidth_scarce", False)),
+        link=LinkView(**link) if link else None,
+        costs=(
+            CostModel(
+                {k: (tuple(v[0]), tuple(v[1])) for k, v in c["prefill_knots"].items()},
+                (tuple(c["kv_knots"][0]), tuple(c["kv_knots"][1])),
+                float(c.get("kv_state_bytes", 0.0)),
+            )
+            if c
+            else None
+        ),
     )
-    kw: dict[str, Any] = {
-        "now": float(snap["now"]),
-        "instances": instances,
-        "threshold_tokens": snap.get("threshold_tokens"),
-        "bandwidth_scarce": bool(snap.get("bandwidth_scarce", False)),
-    }
-    return Snapshot(**_known(Snapshot, kw))

@@ -208,7 +208,13 @@ class _Run:
                 spec.kv_netns = self.link.sender_netns
         prefills = await self._start_all(prefill_specs)
         instances = [
-            InstanceInfo(id=p.spec.id, cluster=p.spec.cluster, role="prefill", url=p.url)
+            InstanceInfo(
+                id=p.spec.id,
+                cluster=p.spec.cluster,
+                role="prefill",
+                url=p.url,
+                hardware=p.spec.hardware,
+            )
             for p in prefills
         ] + [
             InstanceInfo(
@@ -221,6 +227,7 @@ class _Run:
                 kv_port=kv_addrs[d.spec.id][1],
                 kv_link_host=self.link.routes[d.spec.id][0],
                 kv_link_port=self.link.routes[d.spec.id][1],
+                hardware=d.spec.hardware,
             )
             for d in decoders
         ]

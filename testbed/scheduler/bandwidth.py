@@ -47,6 +47,8 @@ class LinkEstimator:
 
     def __post_init__(self) -> None:
         self.estimate = self.nominal
+        self.delivered: float | None = None
+        """Real bytes/s acknowledged between the last two samples."""
         self.bottleneck = False
         self._last: LinkSample | None = None
 
@@ -57,6 +59,7 @@ class LinkEstimator:
             return self.estimate
         dt = s.t - last.t
         rate = max(s.bytes_acked - last.bytes_acked, 0.0) / dt
+        self.delivered = rate
         if s.inflight_bytes <= 0:
             delay = 0.0
         else:

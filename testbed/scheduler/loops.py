@@ -170,6 +170,8 @@ class ControlLoops:
                 continue
             estimate = self.estimator.update(sample)
             state.bandwidth_estimate = estimate
+            state.link_in_flight = sample.inflight_bytes
+            state.link_delivered = self.estimator.delivered
             self.estimates.append((sample.t, estimate))
             self.pressure_samples.append(self.pressure())
             if not any(cluster.healthy[i.id] for i in senders):

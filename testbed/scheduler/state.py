@@ -54,6 +54,11 @@ class SchedulerState:
         """The short-term loop's verdict: cross-datacenter bandwidth is scarce."""
         self.bandwidth_estimate: float | None = None
         """Real bytes/s of cross-datacenter bandwidth the short-term loop believes in."""
+        self.link_in_flight = 0.0
+        """Real bytes the PrfaaS senders had sent or queued and not yet acknowledged, as of the
+        short-term loop's last look."""
+        self.link_delivered: float | None = None
+        """Real bytes/s acknowledged over the short-term loop's last tick."""
         self.draining: set[str] = set()
         """Instances the long-term loop is emptying before a role switch: no new work."""
         self.events: list[SchedulerEvent] = []

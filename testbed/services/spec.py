@@ -33,6 +33,8 @@ class InstanceInfo(BaseModel):
     kv_link_host: str | None = None
     """Where cross-datacenter senders reach this decode instance's KV port (the link proxy)."""
     kv_link_port: int | None = None
+    hardware: str | None = None
+    """Its hardware profile: the router's snapshot gives each cluster's T_prefill curve."""
 
 
 class ServiceSpec(BaseModel):

@@ -12,12 +12,14 @@ faults are noticed as late as live).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from testbed.clock import Clock, Scale
 from testbed.metrics.records import HistoryEvent
 from testbed.policy.base import Cluster as ClusterName
-from testbed.policy.base import InstanceLoad, Snapshot
+from testbed.policy.base import CostModel, LinkView, Snapshot
+from testbed.policy.book import BookEntry, LoadBook
 from testbed.profiles import ModelProfile
 from testbed.scheduler.cluster import Role, SenderCounters
 from testbed.scheduler.state import POLICY, SchedulerEvent, SchedulerState
@@ -66,6 +68,8 @@ class SimCluster:
         scale: Scale,
         health_interval: float,
         model: ModelProfile,
+        hardware: Mapping[str, str] | None = None,
+        rtt_s: float | None = None,
     ) -> None:
         self.loop = loop
         self.clock = clock
@@ -75,57 +79,48 @@ class SimCluster:
         self.scale = scale
         self.health_interval = health_interval
         self.model = model
-        self.healthy: dict[str, bool] = dict.fromkeys(self.instances, True)
-        self.outstanding: dict[str, int] = dict.fromkeys(self.instances, 0)
-        self.work: dict[str, float] = dict.fromkeys(self.instances, 0.0)
+        hw = dict(hardware or {})
+        self.book = LoadBook(
+            (
+                BookEntry(i.id, i.cluster, i.role, (hardware or {}).get(i.cluster))
+                for i in instances
+            ),
+            state.draining,
+            _costs(model, hw),
+        )
+        """The same load accounting as the live router's (testbed.policy.book)."""
+        self.healthy = self.book.healthy
+        self.outstanding = self.book.outstanding
+        self.work = self.book.work
+        self.rtt_s = rtt_s
         self._watching: set[str] = set()
-        self._loads: dict[str, InstanceLoad] = {}
-        """Each instance's InstanceLoad as of its last change (a snapshot reuses them: a
-        decision changes two instances' load, not all of them)."""
 
     # ------------------------------------------------------------------ load and health
 
     def charge(
         self, prefill: str | None, tokens: float, decode: str | None, out: float, sign: int
     ) -> None:
-        if prefill is not None:
-            self.outstanding[prefill] += sign
-            self.work[prefill] += sign * tokens
-            self._loads.pop(prefill, None)
-        if decode is not None:
-            self.outstanding[decode] += sign
-            self.work[decode] += sign * out
-            self._loads.pop(decode, None)
-
-    def _load(self, i: SimInstance) -> InstanceLoad:
-        load = self._loads.get(i.id)
-        if load is None or load.role != i.role:
-            load = self._loads[i.id] = InstanceLoad(
-                i.id, i.cluster, i.role, self.outstanding[i.id], self.work[i.id]
-            )
-        return load
+        self.book.charge(prefill, tokens, decode, out, sign)
 
     def snapshot(self, exclude: frozenset[str] = frozenset()) -> Snapshot:
-        """Load of every healthy instance not excluded nor draining (as the live router)."""
-        draining = self.state.draining
-        healthy, load = self.healthy, self._load
-        return Snapshot(
-            now=self.loop.time(),
-            instances=tuple(
-                load(i)
-                for i in self.instances.values()
-                if healthy[i.id]
-                and i.id not in exclude
-                and i.cluster not in exclude
-                and i.id not in draining
-            ),
-            threshold_tokens=self.state.threshold,
-            bandwidth_scarce=self.state.scarce,
+        """The policy's view, made as the live router makes it (RouterState.snapshot)."""
+        state = self.state
+        link = (
+            LinkView(
+                state.bandwidth_estimate,
+                state.link_in_flight,
+                state.link_delivered,
+                self.rtt_s,
+                state.scarce,
+            )
+            if self.link is not None
+            else None
         )
+        return self.book.snapshot(self.loop.time(), state.threshold, state.scarce, link, exclude)
 
     def mark_down(self, iid: str) -> None:
         """Out of rotation; back once its health check answers (polled)."""
-        self.healthy[iid] = False
+        self.book.set_healthy(iid, False)
         if iid not in self._watching:
             self._watching.add(iid)
             self.loop.call_later(self.health_interval, self._poll, iid)
@@ -133,7 +128,7 @@ class SimCluster:
     def _poll(self, iid: str) -> None:
         inst = self.instances[iid]
         if inst.alive and not inst.paused:
-            self.healthy[iid] = True
+            self.book.set_healthy(iid, True)
             self._watching.discard(iid)
         else:
             self.loop.call_later(self.health_interval, self._poll, iid)
@@ -157,7 +152,15 @@ class SimCluster:
             return False
         await self.clock.sleep(switch_s)
         inst.role = role
+        self.book.set_role(instance, role)
         return True
+
+
+def _costs(model: ModelProfile, hardware: Mapping[str, str]) -> CostModel | None:
+    """The model's cost curves on each cluster's hardware (as the live router's)."""
+    if not hardware or any(h not in model.prefill for h in hardware.values()):
+        return None
+    return CostModel.of(model, hardware)
 
 
 def scheduler_history(state: SchedulerState, history: list[HistoryEvent]) -> None:

@@ -185,7 +185,10 @@ class SimDispatcher:
         rec, spec = req.rec, req.spec
         hash_ids = spec.hash_ids
         look = self.cache.lookup(hash_ids, rec.input_tokens) if self.cache else CacheLookup()
-        view = RequestView(rec.id, rec.input_tokens, rec.output_tokens, look.local, look.prfaas)
+        view = RequestView(
+            rec.id, rec.input_tokens, rec.output_tokens, look.local, look.prfaas,
+            self.cluster.model.kv_bytes(rec.input_tokens),
+        )  # fmt: skip
         if self.control is not None and req.attempt == 0 and req.route_deadline is None:
             self.control.observe(rec.arrival, self._routed_length(view))
         try:
@@ -235,7 +238,7 @@ class SimDispatcher:
         if plan.pull_from == "prfaas" and "prfaas" not in req.exclude and link is not None:
             senders = [
                 i for i in self.cluster.snapshot(frozenset(req.exclude)).instances
-                if i.cluster == "prfaas" and i.role == "prefill"
+                if i.cluster == "prfaas" and i.role == "prefill" and i.state == "ok"
             ]  # fmt: skip
             if senders:
                 source = min(senders, key=lambda i: (i.outstanding, i.id)).id

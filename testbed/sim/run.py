@@ -133,9 +133,13 @@ async def _run(inp: SimInputs) -> SimOutput:
     instances = _instances(inp, loop)
     state = SchedulerState(clock, inp.threshold_tokens)
     scheduler_history(state, history)
+    hardware = {"local": dep.local.hardware}
+    if dep.prfaas is not None:
+        hardware["prfaas"] = dep.prfaas.hardware
     cluster = SimCluster(
-        loop, clock, instances, link, state, inp.scale, live.real(HEALTH_INTERVAL_S), model
-    )
+        loop, clock, instances, link, state, inp.scale, live.real(HEALTH_INTERVAL_S), model,
+        hardware, dep.link.rtt if dep.prfaas is not None else None,
+    )  # fmt: skip
     policy_cls = get_policy(inp.policy)
     control: ControlLoops | None = None
     if policy_cls.replans:

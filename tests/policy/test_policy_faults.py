@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from testbed.checkers.fallback import FallbackCheck
 from testbed.config import PolicyConfig
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.nemesis import ACTIONS, PlannedFault
+from testbed.policy import POLICIES
 from testbed.policy.base import InstanceLoad, RequestView, Snapshot
 from testbed.policy.decider import Decider
 from testbed.scenario.outside import needs_owned_scheduler
@@ -25,6 +27,15 @@ from testbed.scenario.schema import Scenario
 from testbed.scenario.sim_run import run_sim
 from tests.chaos.harness import chaos_variant
 from tests.policy.servers import EXAMPLE, Replay, serve
+
+
+@pytest.fixture(autouse=True)
+def _forget_policy_urls() -> Iterator[None]:
+    """A policy URL registers as a plugin when first named: drop them after each test, so the
+    registry's list of known names stays what other tests expect."""
+    yield
+    POLICIES.forget_plugins()
+
 
 # ------------------------------------------------------------------ the actions
 
@@ -114,7 +125,9 @@ async def test_a_run_without_a_scheduler_records_the_fault_as_an_error() -> None
 # ------------------------------------------------------------------ the checker
 
 
-def rec(rid: str, arrival: float, by: str | None, wall: float | None, status: str = "completed") -> RequestRecord:
+def rec(
+    rid: str, arrival: float, by: str | None, wall: float | None, status: str = "completed"
+) -> RequestRecord:
     return RequestRecord(id=rid, input_tokens=100, output_tokens=4, arrival=arrival,
                          status=status, decided_by=by, decision_wall_s=wall,
                          failure_reason=None if status == "completed" else "boom")  # type: ignore[arg-type]  # fmt: skip
@@ -127,7 +140,9 @@ def window(action: str = "scheduler-kill") -> list[HistoryEvent]:
     ]
 
 
-def verdict(records: list[RequestRecord], cfg: dict[str, Any], history: list[HistoryEvent]) -> tuple[str, str]:
+def verdict(
+    records: list[RequestRecord], cfg: dict[str, Any], history: list[HistoryEvent]
+) -> tuple[str, str]:
     check = FallbackCheck.model_validate(cfg)
     results = run_checkers(records, [r.id for r in records], history=history, configs=[check])
     res = next(r for r in results if r.name.startswith("fallback_"))
@@ -138,7 +153,11 @@ CFG = {"check": "fallback", "fault": "scheduler-kill", "max_decision": "100ms"}
 
 
 def test_fallback_check_passes_lost_slow_and_vacuous() -> None:
-    ok = [rec("a", 5, "policy", 0.001), rec("b", 12, "fallback", 0.03), rec("c", 15, "fallback", 0.02)]
+    ok = [
+        rec("a", 5, "policy", 0.001),
+        rec("b", 12, "fallback", 0.03),
+        rec("c", 15, "fallback", 0.02),
+    ]
     v, detail = verdict(ok, CFG, window())
     assert v == "ok" and "2 routed by the fallback" in detail
     lost = [*ok, rec("d", 16, "fallback", 0.02, status="failed")]
@@ -176,7 +195,9 @@ def owned_scenario(port: int, **policy: Any) -> Scenario:
     return Scenario.model_validate(doc)
 
 
-def test_a_scenario_owns_its_scheduler_on_the_sim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_scenario_owns_its_scheduler_on_the_sim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PYTHONPATH", str(EXAMPLE))
     import socket
 
@@ -200,12 +221,15 @@ def test_debug_validate_checks_answers_against_the_schemas() -> None:
     assert name.endswith("#validate=1")
     snap = Snapshot(1.0, (InstanceLoad("p0", "prfaas", "prefill", 0, 0.0),
                           InstanceLoad("d0", "local", "decode", 0, 0.0)), 8000.0)  # fmt: skip
-    body = json.dumps({"route": {"prefill_cluster": "prfaas", "prefill_instance": "p0",
-                                 "decode_instance": "d0", "uncached_tokens": 5,
-                                 "pull_prefix_tokens": 0}, "protocol": "prfaas-policy/1"})  # fmt: skip
-    answer = body.replace('"protocol": "prfaas-policy/1"', '"protocol": "prfaas-policy/1", "route_extra": 1')
-    bad = answer.replace('"uncached_tokens": 5', '"uncached_tokens": 5, "prefill_cluster_2": 1').replace(
-        '"prefill_instance": "p0"', '"prefill_instance": 7')
+    route = {"prefill_cluster": "prfaas", "prefill_instance": "p0", "decode_instance": "d0",
+             "uncached_tokens": 5, "pull_prefix_tokens": 0}  # fmt: skip
+    body = json.dumps({"route": route, "protocol": "prfaas-policy/1"})
+    answer = body.replace(
+        '"protocol": "prfaas-policy/1"', '"protocol": "prfaas-policy/1", "route_extra": 1'
+    )
+    bad = answer.replace(
+        '"uncached_tokens": 5', '"uncached_tokens": 5, "prefill_cluster_2": 1'
+    ).replace('"prefill_instance": "p0"', '"prefill_instance": 7')
     with serve(Replay(200, bad).app()) as base:
         for frag, needle in (("", "must be strings"), ("&validate=1", "schema")):
             dec = Decider.for_spec(f"{base}/route#timeout=2s{frag}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,14 @@ def snap(n_prefill: int = 2, now: float = 1.0) -> Snapshot:
 
 
 VIEW = RequestView("q1", 9000, 100)
+
+
+@pytest.fixture(autouse=True)
+def _forget_policy_urls() -> Iterator[None]:
+    """A policy URL registers as a plugin when first named: drop them after each test, so the
+    registry's list of known names stays what other tests expect."""
+    yield
+    POLICIES.forget_plugins()
 
 
 # ------------------------------------------------------------------ naming it
@@ -76,7 +85,9 @@ def test_scenario_kind_http_names_the_policy_by_its_url() -> None:
          "fallback": "naive"}, context=ctx,
     )  # fmt: skip
     assert p.name == "http://127.0.0.1:9/route#timeout=50ms&fallback=naive"
-    assert PolicyConfig.model_validate({"kind": "http", "url": "http://h:1/r"}).name == "http://h:1/r"
+    assert (
+        PolicyConfig.model_validate({"kind": "http", "url": "http://h:1/r"}).name == "http://h:1/r"
+    )
     with pytest.raises(ValidationError, match="has no unit"):
         PolicyConfig.model_validate({"kind": "http", "url": "http://h:1/r", "timeout": 0.02},
                                     context=ctx)  # fmt: skip
@@ -166,7 +177,14 @@ def test_impossible_routes_are_named() -> None:
     assert route_problem(Route("local", "p1", "d0", 1), s).startswith("wrong-cluster")  # type: ignore[union-attr]
 
     class Draining:  # an instance whose state is not ok (the richer snapshot's `state`)
-        id, cluster, role, outstanding, outstanding_work, state = "p1", "prfaas", "prefill", 0, 0.0, "draining"
+        id, cluster, role, outstanding, outstanding_work, state = (
+            "p1",
+            "prfaas",
+            "prefill",
+            0,
+            0.0,
+            "draining",
+        )
 
     s2 = Snapshot(1.0, (Draining(), *s.instances[2:]), 8000.0)  # type: ignore[arg-type]
     assert route_problem(Route("prfaas", "p1", "d0", 1), s2).startswith("not-ok")  # type: ignore[union-attr]

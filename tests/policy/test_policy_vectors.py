@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,14 @@ def test_the_schemas_refuse_what_the_router_would_refuse() -> None:
         check_schema("decision-request", doc)
     with pytest.raises(ProtocolError, match="garbage"):
         check_schema("decision-response", {"route": {"prefill_cluster": "moon"}})
+
+
+@pytest.fixture(autouse=True)
+def _forget_policy_urls() -> Iterator[None]:
+    """A policy URL registers as a plugin when first named: drop them after each test, so the
+    registry's list of known names stays what other tests expect."""
+    yield
+    POLICIES.forget_plugins()
 
 
 # ------------------------------------------------------------------ decision vectors
@@ -147,7 +156,9 @@ class Answering:
         return decode_route(doc, snapshot.threshold_tokens)
 
 
-def expect_decision(dec: Decider, view: RequestView, snap: Snapshot, expect: dict[str, Any]) -> None:
+def expect_decision(
+    dec: Decider, view: RequestView, snap: Snapshot, expect: dict[str, Any]
+) -> None:
     if expect.get("no_route"):
         with pytest.raises(LookupError):
             dec.decide(view, snap)

@@ -20,27 +20,32 @@ DEFAULT_PREFILL_S_PER_TOKEN = 1e-4
 
 
 def interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
-    """Piecewise-linear through the knots, extended linearly past the ends."""
-    if len(xs) == 1:
-        return float(ys[0])
-    i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    """Piecewise-linear through the knots (at least two, xs increasing), extended linearly past
+    the ends: the testbed's own curves do the same, so both forms predict alike."""
+    i = min(max(bisect.bisect_right(xs, x), 1), len(xs) - 1)
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-    return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0)) if x1 != x0 else float(y0)
+    return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
 
 @dataclass(frozen=True)
 class KnotCosts:
-    """Cost curves from their knots (what the protocol sends): T_prefill per cluster, S_kv."""
+    """Cost curves from their knots (what the protocol sends): T_prefill per cluster, S_kv
+    with its floor (the fixed state bytes)."""
 
     prefill_knots: dict[str, tuple[Sequence[float], Sequence[float]]]
     kv_knots: tuple[Sequence[float], Sequence[float]]
+    kv_state_bytes: float = 0.0
 
     def prefill_s(self, cluster: str, tokens: float) -> float:
+        if tokens <= 0:
+            return 0.0
         xs, ys = self.prefill_knots[cluster]
         return max(0.0, interp(xs, ys, tokens))
 
     def kv_bytes(self, tokens: float) -> float:
-        return max(0.0, interp(*self.kv_knots, tokens))
+        if tokens <= 0:
+            return 0.0
+        return max(interp(*self.kv_knots, tokens), self.kv_state_bytes)
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from testbed.policy.base import RequestView, Route, Snapshot
-
 from least_ttft.core import choose
+from testbed.policy.base import RequestView, Route, Snapshot
 
 
 class LeastTTFT:

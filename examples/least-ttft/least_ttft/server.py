@@ -81,6 +81,7 @@ class Mirror:
                 self.costs = KnotCosts(
                     {k: (v[0], v[1]) for k, v in c["prefill_knots"].items()},
                     (c["kv_knots"][0], c["kv_knots"][1]),
+                    float(c.get("kv_state_bytes", 0.0)),
                 )
         elif base != self.version:
             self.version = None
@@ -180,12 +181,16 @@ def _duration(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m least_ttft.server", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m least_ttft.server", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=9000)
     ap.add_argument("--delay", type=_duration, default=0.0, help="answer late (e.g. 50ms)")
     args = ap.parse_args(argv)
-    print(f"least-ttft: serving prfaas-policy/1 on http://{args.host}:{args.port}/route", flush=True)
+    print(
+        f"least-ttft: serving prfaas-policy/1 on http://{args.host}:{args.port}/route", flush=True
+    )
     web.run_app(make_app(args.delay), host=args.host, port=args.port, access_log=None,
                 print=None)  # fmt: skip
 

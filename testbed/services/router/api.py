@@ -89,6 +89,8 @@ async def _stats(request: web.Request) -> web.Response:
                     "role": i.role,
                     "outstanding": i.outstanding,
                     "outstanding_work": i.outstanding_work,
+                    "queue_wait_s": i.queue_wait_s,
+                    "state": i.state,
                 }
                 for i in snap.instances
             ],

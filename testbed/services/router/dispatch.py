@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import time
+from collections.abc import Iterable
 
 import aiohttp
 
@@ -23,10 +24,11 @@ from testbed.clock import LiveClock, Scale
 from testbed.kvcache.manager import CacheLookup, CachePlan, KVCacheManager, plan_request
 from testbed.metrics.prometheus import RouterMetrics
 from testbed.metrics.records import RequestRecord, TokenTimer
-from testbed.policy.base import InstanceLoad, RequestView, Route, Snapshot
+from testbed.policy.base import CostModel, LinkView, RequestView, Route, Snapshot
+from testbed.policy.book import BookEntry, LoadBook
 from testbed.policy.decider import Decider, Decision
 from testbed.policy.protocol import Outcome
-from testbed.profiles import MODELS
+from testbed.profiles import MODELS, ModelProfile
 from testbed.scheduler.cluster import Role, SenderCounters
 from testbed.scheduler.loops import ControlLoops
 from testbed.scheduler.state import SchedulerState
@@ -62,6 +64,18 @@ def role_view(info: InstanceInfo, role: str) -> InstanceInfo:
     return info.model_copy(update={"role": role, "url": _base_url(info) + prefix})
 
 
+def _costs(model: ModelProfile, instances: Iterable[InstanceInfo]) -> CostModel | None:
+    """The model's cost curves on the hardware each cluster runs (the first instance's: a
+    cluster is one hardware profile); None if a profile lacks a curve for it."""
+    hardware: dict[str, str] = {}
+    for i in instances:
+        if i.hardware is not None:
+            hardware.setdefault(i.cluster, i.hardware)
+    if not hardware or any(h not in model.prefill for h in hardware.values()):
+        return None
+    return CostModel.of(model, hardware)
+
+
 def _base_url(info: InstanceInfo) -> str:
     return info.url.removesuffix(PREFILL_PREFIX).removesuffix(DECODE_PREFIX)
 
@@ -83,9 +97,19 @@ class RouterState:
         role (role_view)."""
         self.scheduler = SchedulerState(self.clock, spec.threshold_tokens)
         """Threshold, scarcity, bandwidth estimate, draining set and events (the loops')."""
-        self.outstanding = dict.fromkeys(self.instances, 0)
-        self.healthy = dict.fromkeys(self.instances, True)
-        self.work = dict.fromkeys(self.instances, 0.0)
+        self.book = LoadBook(
+            (BookEntry(i.id, i.cluster, i.role, i.hardware) for i in self.instances.values()),
+            self.scheduler.draining,
+            _costs(self.model, self.instances.values()),
+        )
+        """Load, queue wait and health of every instance: what the policy's snapshot reads."""
+        self.outstanding = self.book.outstanding
+        self.healthy = self.book.healthy
+        self.work = self.book.work
+        self.rtt_s = spec.scheduler.deployment.link.rtt if spec.scheduler is not None else None
+        self.has_link = any(i.cluster == "prfaas" for i in self.instances.values()) and any(
+            i.cluster == "local" for i in self.instances.values()
+        )
         self.control = (
             ControlLoops(spec.scheduler, self, self.scheduler, self.clock, self.scale)
             if spec.scheduler is not None
@@ -150,34 +174,28 @@ class RouterState:
         return True
 
     def snapshot(self, exclude: frozenset[str] = frozenset()) -> Snapshot:
-        """Load of every healthy instance not in `exclude` (instance ids or cluster names)."""
-        draining = self.scheduler.draining
-        return Snapshot(
-            now=self.clock.now(),
-            instances=tuple(
-                InstanceLoad(i.id, i.cluster, i.role, self.outstanding[i.id], self.work[i.id])
-                for i in self.instances.values()
-                if self.healthy[i.id]
-                and i.id not in exclude
-                and i.cluster not in exclude
-                and i.id not in draining
-            ),
-            threshold_tokens=self.scheduler.threshold,
-            bandwidth_scarce=self.scheduler.scarce,
+        """The policy's view; `exclude` names instances or clusters this request failed on."""
+        sched = self.scheduler
+        link = (
+            LinkView(
+                sched.bandwidth_estimate,
+                sched.link_in_flight,
+                sched.link_delivered,
+                self.rtt_s,
+                sched.scarce,
+            )
+            if self.has_link
+            else None
         )
+        return self.book.snapshot(self.clock.now(), sched.threshold, sched.scarce, link, exclude)
 
     def mark_down(self, instance: str) -> None:
-        self.healthy[instance] = False
+        self.book.set_healthy(instance, False)
 
     def _charge(
         self, prefill: str | None, tokens: float, decode: str | None, out: float, sign: int
     ) -> None:
-        if prefill is not None:
-            self.outstanding[prefill] += sign
-            self.work[prefill] += sign * tokens
-        if decode is not None:
-            self.outstanding[decode] += sign
-            self.work[decode] += sign * out
+        self.book.charge(prefill, tokens, decode, out, sign)
 
     async def watch_health(self) -> None:
         """Bring instances that failed back into rotation once they answer /health again."""
@@ -185,7 +203,7 @@ class RouterState:
             await asyncio.sleep(self.health_interval_s)
             for iid, ok in list(self.healthy.items()):
                 if not ok and await self.workers.healthy(self.instances[iid]):
-                    self.healthy[iid] = True
+                    self.book.set_healthy(iid, True)
 
     # ------------------------------------------------------------------ scheduler.cluster.Cluster
 
@@ -206,6 +224,7 @@ class RouterState:
         if doc is None:
             return False
         self.instances[instance] = role_view(inst, role)
+        self.book.set_role(instance, role)
         return True
 
     # ------------------------------------------------------------------ requests
@@ -296,7 +315,10 @@ class RouterState:
     ) -> None:
         hash_ids = self.hash_ids.get(rec.id, ())
         look = self.cache.lookup(hash_ids, rec.input_tokens) if self.cache else CacheLookup()
-        view = RequestView(rec.id, rec.input_tokens, rec.output_tokens, look.local, look.prfaas)
+        view = RequestView(
+            rec.id, rec.input_tokens, rec.output_tokens, look.local, look.prfaas,
+            self.model.kv_bytes(rec.input_tokens),
+        )  # fmt: skip
         if self.control is not None and attempt == 0:
             self.control.observe(rec.arrival, self._routed_length(view))
         decision = await self._route(view, exclude)
@@ -426,7 +448,7 @@ class RouterState:
         if plan.pull_from == "prfaas" and "prfaas" not in exclude:
             senders = [
                 i for i in self.snapshot(exclude).instances
-                if i.cluster == "prfaas" and i.role == "prefill"
+                if i.cluster == "prfaas" and i.role == "prefill" and i.state == "ok"
             ]  # fmt: skip
             if senders:
                 source = self.instances[min(senders, key=lambda i: (i.outstanding, i.id)).id]
