@@ -54,7 +54,8 @@ async def test_example_scheduler_runs_the_short_scenarios(
         result = await run_variant(sc, tmp_path, policy="least_ttft.plugin:LeastTTFT")
     else:
         with serve(example_app()) as base:
-            result = await run_variant(sc, tmp_path, policy=f"{base}/route#timeout={TIMEOUT}")
+            spec = f"{base}/route#timeout={TIMEOUT}&fallback=prfaas-nolongterm"
+            result = await run_variant(sc, tmp_path, policy=spec)
     verdicts = {c.name: (c.verdict, c.detail) for c in result.checks}
     for inv in INVARIANTS:  # the scenario's own bounds are the scorecard's to judge
         assert verdicts[inv][0] == "ok", (inv, verdicts[inv])

@@ -290,3 +290,24 @@ def test_sim_run_against_a_slow_service_falls_back_every_time(tmp_path: Path) ->
     assert {(r["decided_by"], r["fallback_reason"].split(":")[0]) for r in recs} == {
         ("fallback", "timeout")
     }
+
+
+def test_both_forms_of_the_example_route_alike_on_the_sim(tmp_path: Path) -> None:
+    """The plugin and the service, with the fallback whose facts match the plugin's
+    (prfaas-nolongterm: short-term loop, cache-aware, no role switching), give the same run."""
+    sc = chaos_variant("bandwidth-drop")
+    runs = {}
+    with serve(example_app()) as base:
+        for form, spec in (
+            ("plugin", "least_ttft.plugin:LeastTTFT"),
+            ("http", f"{base}/route#timeout=2s&fallback=prfaas-nolongterm"),
+        ):
+            opts = RunOptions(substrate="sim", out_dir=tmp_path / form, policy=spec,
+                              drain_timeout_s=30)  # fmt: skip
+            result = run_sim(prepare_run(sc, opts), opts)
+            runs[form] = [
+                (r.id, r.prefill_instance, r.decode_instance, r.first_token, r.decided_by)
+                for r in result.records
+            ]
+    assert runs["plugin"] == runs["http"]
+    assert {r[4] for r in runs["http"]} == {"policy"}
