@@ -7,6 +7,7 @@ over within the timeout (the `fallback` checker)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 
 from testbed.scenario.schema import Scenario
 from tests.chaos.harness import LIBRARY, TORCH_SCENARIOS, chaos_variant, run_variant
-from tests.policy.servers import EXAMPLE, example_app, serve
+from tests.policy.servers import EXAMPLE, Replay, example_app, serve
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]
 
@@ -118,3 +119,40 @@ async def test_a_slow_then_paused_scheduler_falls_back_in_time(tmp_path: Path) -
     assert "timeout" in dec["fallback_reasons"], dec
     report = (tmp_path / "report.md").read_text()
     assert "## Decisions" in report and "| timeout |" in report
+
+
+UNKNOWN = json.dumps(
+    {
+        "route": {
+            "prefill_cluster": "prfaas",
+            "prefill_instance": "prfaas-prefill-9",
+            "decode_instance": "local-decode-0",
+            "uncached_tokens": 1,
+        }
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("answer", "delay_s", "reason"),
+    [("{}", 0.05, "timeout"), ("<html>", 0.0, "garbage"), (UNKNOWN, 0.0, "unknown-instance")],
+    ids=["50ms-late", "garbage", "unknown-instance"],
+)
+async def test_a_bad_service_never_decides_and_loses_nothing(
+    answer: str, delay_s: float, reason: str, tmp_path: Path
+) -> None:
+    """Acceptance: a service 50 ms late against the default 20 ms timeout, or one answering
+    garbage or an instance that does not exist: every decision falls back, with that reason,
+    nothing is lost, and the report says so."""
+    # the late service against the default 20 ms; the others with room for a loaded machine
+    frag = "" if reason == "timeout" else "#timeout=1s"
+    with serve(Replay(200, answer, delay_s=delay_s).app()) as base:
+        result = await run_variant(chaos_variant("burst", duration=30.0), tmp_path,
+                                   policy=f"{base}/route{frag}")  # fmt: skip
+    req, dec = result.summary["requests"], result.summary["decisions"]
+    assert req["submitted"] == req["completed"] > 0
+    assert dec["by"] == {"policy": 0, "fallback": req["submitted"]}
+    assert dec["fallback_reasons"] == {reason: req["submitted"]}
+    report = (tmp_path / "report.md").read_text()
+    assert f"0 routed by the policy, {req['submitted']} by the fallback" in report
+    assert all(r.fallback_reason and r.fallback_reason.startswith(reason) for r in result.records)
