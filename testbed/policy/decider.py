@@ -11,8 +11,9 @@ The live router and the sim both ask a `Decider` instead of the policy itself:
   request record; the summary counts fallbacks by kind and gives decision latency percentiles.
 
 A built-in policy has no fallback (it is the reference), so its routes, its errors and the
-router's behaviour stay exactly what they were; a plugin (`module:Class`, an entry point) and
-an HTTP policy fall back to `prfaas-static` unless told otherwise (`#fallback=NAME` on the spec).
+router's behaviour stay exactly what they were; an HTTP policy falls back to `prfaas-static`
+unless its URL says otherwise (`#fallback=NAME`), a plugin (`module:Class`, an entry point) to
+`prfaas-static` too, or to a policy needing no threshold when it has none (`plugin_fallback`).
 
 A decision's wall latency is measured here, for the report; on the sim it costs no virtual time.
 """
@@ -30,7 +31,7 @@ from testbed.policy.base import POLICIES, InstanceLoad, Policy, RequestView, Rou
 from testbed.policy.http import DEFAULT_FALLBACK, HttpPolicy, is_http_spec
 from testbed.policy.protocol import Outcome, ProtocolError
 
-__all__ = ["Decider", "Decision", "fallback_kind", "route_problem"]
+__all__ = ["Decider", "Decision", "fallback_kind", "plugin_fallback", "route_problem"]
 
 FALLBACK_KINDS = (
     "timeout",
@@ -121,6 +122,15 @@ def _reason(exc: BaseException) -> str:
     return f"error: {type(exc).__name__}: {text}" if text else f"error: {type(exc).__name__}"
 
 
+def plugin_fallback(policy_cls: type[Policy]) -> str:
+    """The fallback of a Python plugin: `prfaas-static` when the run gives it a threshold (the
+    plugin `needs_threshold`); else one that needs none, for the plugin's deployment (`naive`,
+    every prefill on PrfaaS while there is one, on a PrfaaS-PD deployment)."""
+    if policy_cls.needs_threshold:
+        return DEFAULT_FALLBACK
+    return "homogeneous" if policy_cls.deployment_kind == "homogeneous" else "naive"
+
+
 class Decider:
     """A policy with the shared failure semantics (see the module docstring)."""
 
@@ -138,7 +148,7 @@ class Decider:
         if issubclass(policy_cls, HttpPolicy):
             return cls(policy, POLICIES[policy_cls.fallback_name]())
         if POLICIES.is_plugin(spec):
-            return cls(policy, POLICIES[DEFAULT_FALLBACK]())
+            return cls(policy, POLICIES[plugin_fallback(policy_cls)]())
         return cls(policy, None)
 
     @property

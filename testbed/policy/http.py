@@ -46,7 +46,8 @@ from testbed.policy.protocol import (
     encode_decision,
     encode_feedback,
 )
-from testbed.units import parse_duration
+from testbed.registry import PluginError, UnknownName
+from testbed.units import UnitError, parse_duration
 
 __all__ = [
     "DEFAULT_FALLBACK",
@@ -384,10 +385,12 @@ def _resolve(name: str) -> type[Policy] | None:
     """The registry's resolver: a class for a policy URL (None for any other name)."""
     if not is_http_spec(name):
         return None
-    spec = HttpSpec.parse(name)
-    fb = POLICIES[spec.fallback]
-    if issubclass(fb, HttpPolicy):
-        raise ValueError(f"policy URL {name!r}: the fallback must not be another URL")
+    try:
+        spec = HttpSpec.parse(name)
+        fb = POLICIES[spec.fallback]
+    except (ValueError, UnitError, UnknownName) as exc:  # one line, before anything starts
+        text = str(exc) if str(exc).startswith("policy URL") else f"policy URL {name!r}: {exc}"
+        raise PluginError(text) from None
     attrs = {
         "name": name,
         "deployment_kind": fb.deployment_kind,

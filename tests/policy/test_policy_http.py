@@ -311,3 +311,21 @@ def test_both_forms_of_the_example_route_alike_on_the_sim(tmp_path: Path) -> Non
             ]
     assert runs["plugin"] == runs["http"]
     assert {r[4] for r in runs["http"]} == {"policy"}
+
+
+def test_a_plugin_falls_back_to_a_policy_its_run_can_serve() -> None:
+    from testbed.policy.decider import plugin_fallback
+
+    class NoThreshold(Raising):
+        needs_threshold = False
+
+    class Homog(NoThreshold):
+        deployment_kind = "homogeneous"
+
+    assert plugin_fallback(Raising) == "prfaas-static"  # type: ignore[arg-type]
+    assert plugin_fallback(NoThreshold) == "naive"  # type: ignore[arg-type]
+    assert plugin_fallback(Homog) == "homogeneous"  # type: ignore[arg-type]
+    # without a threshold in the snapshot the fallback still decides
+    dec = Decider(NoThreshold(ZeroDivisionError()), POLICIES[plugin_fallback(NoThreshold)]())  # type: ignore[arg-type]
+    d = dec.decide(VIEW, Snapshot(1.0, snap().instances, None))
+    assert d.decided_by == "fallback" and d.route.prefill_cluster == "prfaas"
