@@ -56,6 +56,11 @@ class Decision:
     wall_s: float
     """Wall seconds the decision took (the policy's, plus the fallback's when it decided)."""
 
+    def write(self, rec: Any) -> None:
+        """Onto a request record (metrics.records.RequestRecord): who decided, why, how fast."""
+        rec.decided_by, rec.fallback_reason = self.decided_by, self.fallback_reason
+        rec.decision_wall_s = self.wall_s
+
 
 def fallback_kind(reason: str | None) -> str:
     """The kind a fallback reason starts with ("timeout: ..." -> "timeout")."""
@@ -212,6 +217,18 @@ class Decider:
             return
         with contextlib.suppress(Exception):  # a policy's feedback must not fail a request
             self._on_complete(view, outcome)
+
+    def on_record(self, rec: Any) -> None:
+        """`on_complete` for a request record that ended (one the policy or fallback routed)."""
+        if self._on_complete is None or rec.decided_by is None:
+            return
+        view = RequestView(
+            rec.id, rec.input_tokens, rec.output_tokens, rec.cached_local, rec.cached_prfaas
+        )
+        self.on_complete(view, Outcome(
+            rec.status, rec.route, rec.prefill_instance, rec.decode_instance, rec.ttft, rec.e2e,
+            rec.failure_reason, rec.decided_by,
+        ))  # fmt: skip
 
     def close(self) -> None:
         close = getattr(self.policy, "close", None)

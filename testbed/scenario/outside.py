@@ -21,8 +21,9 @@ from typing import Any
 from testbed.errors import UserError
 from testbed.link.emulator import LinkEmulator
 from testbed.policy.http import HttpSpec, SchedulerProcess, is_http_spec
+from testbed.scenario.plan import RunPlan
 
-__all__ = ["OwnedScheduler", "needs_owned_scheduler"]
+__all__ = ["OwnedScheduler", "needs_owned_scheduler", "start_owned_scheduler"]
 
 PROXY = "scheduler"
 SLOW_TOXIC = "scheduler-slow"
@@ -109,3 +110,17 @@ class OwnedScheduler:
             await self.emulator.close()
             self.emulator = None
         await asyncio.to_thread(self.process.stop)
+
+
+async def start_owned_scheduler(rp: RunPlan, out_dir: Path) -> OwnedScheduler | None:
+    """Start the scheduler the scenario owns, if the run's policy is the scenario's own http
+    one with a `command` (first: the router asks it from its first request); None otherwise.
+    UserError for scheduler faults in a run that owns no scheduler."""
+    policy = rp.scenario.policy
+    owned = policy.command if rp.policy == policy.name else None
+    if not needs_owned_scheduler(rp.policy, owned, [f.event.action for f in rp.faults]):
+        return None
+    assert owned is not None
+    scheduler = OwnedScheduler(rp.policy, owned, out_dir)
+    await scheduler.start()
+    return scheduler

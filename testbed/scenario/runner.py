@@ -31,7 +31,7 @@ from testbed.metrics.files import Journal, write_jsonl_atomic
 from testbed.metrics.records import HistoryEvent, JournaledHistory, RequestRecord
 from testbed.nemesis import NemesisPlayer, stop_player
 from testbed.policy import get_policy
-from testbed.scenario.outside import OwnedScheduler, needs_owned_scheduler
+from testbed.scenario.outside import OwnedScheduler, start_owned_scheduler
 from testbed.scenario.plan import Progress, RunOptions, RunPlan, RunResult
 from testbed.scenario.results import write_results
 from testbed.services.spec import InstanceInfo, SchedulerSpec, ServiceSpec
@@ -85,9 +85,7 @@ class _Run:
         self.services: dict[str, ServiceHandle] = {}
         self.router: ServiceHandle | None = None
         self.link: LinkSetup | None = None
-        self.scheduler: OwnedScheduler | None = None
-        """The outside scheduler the scenario owns (policy.command), and the proxy before it;
-        the scheduler nemesis actions reach it here (scenario.outside)."""
+        self.scheduler: OwnedScheduler | None = None  # policy.command's (scenario.outside)
         self.records: dict[str, RequestRecord] = {}
         self.record_journal: Journal | None = None
         self.history = JournaledHistory()
@@ -147,13 +145,7 @@ class _Run:
 
     async def start(self) -> None:
         dep = self.rp.deployment
-        sc_policy = self.rp.scenario.policy
-        owned = sc_policy.command if self.rp.policy == sc_policy.name else None
-        actions = [f.event.action for f in self.rp.faults]
-        if needs_owned_scheduler(self.rp.policy, owned, actions):
-            assert owned is not None
-            self.scheduler = OwnedScheduler(self.rp.policy, owned, self.opts.out_dir)
-            await self.scheduler.start()  # first: the router asks it from its first request
+        self.scheduler = await start_owned_scheduler(self.rp, self.opts.out_dir)
         # The torch engine has no role-switchable service yet: its runs keep the split.
         switchable = (
             get_policy(self.rp.policy).long_term
@@ -232,9 +224,7 @@ class _Run:
             for d in decoders
         ]
         router_spec = self._spec("router", "router", "local", dep.local.hardware)
-        router_spec.policy = (
-            self.scheduler.router_spec if self.scheduler is not None else self.rp.policy
-        )
+        router_spec.policy = self.scheduler.router_spec if self.scheduler else self.rp.policy
         router_spec.threshold_tokens = self.rp.threshold_tokens
         router_spec.instances = instances
         router_spec.prefix_cache_bytes = cluster_capacities(dep)

@@ -26,7 +26,6 @@ from testbed.kvcache.manager import CacheLookup, CachePlan, KVCacheManager, plan
 from testbed.metrics.records import RequestRecord
 from testbed.policy.base import RequestView, Route
 from testbed.policy.decider import Decider
-from testbed.policy.protocol import Outcome
 from testbed.profiles import ModelProfile
 from testbed.scheduler.loops import ControlLoops
 from testbed.services.kv_expect import REGISTER_TIMEOUT_S
@@ -155,14 +154,7 @@ class SimDispatcher:
             rec.status, rec.failure_reason = "failed", failure
         self.in_flight.pop(rec.id, None)
         self.on_record(rec)
-        if rec.decided_by is not None:
-            view = RequestView(
-                rec.id, rec.input_tokens, rec.output_tokens, rec.cached_local, rec.cached_prfaas
-            )
-            self.decider.on_complete(view, Outcome(
-                rec.status, rec.route, rec.prefill_instance, rec.decode_instance, rec.ttft,
-                rec.e2e, rec.failure_reason, rec.decided_by,
-            ))  # fmt: skip
+        self.decider.on_record(rec)
 
     def _kv_wire_bytes(self, kv_tokens: int) -> int:
         n = self._sizes.get(kv_tokens)
@@ -207,8 +199,7 @@ class SimDispatcher:
             self.loop.call_later(self.no_route_poll, self._try, req)
             return
         req.route_deadline = None
-        rec.decided_by, rec.fallback_reason = decision.decided_by, decision.fallback_reason
-        rec.decision_wall_s = decision.wall_s
+        decision.write(rec)
         self._dispatch(req, decision.route, look)
 
     def _dispatch(self, req: SimRequest, route: Route, look: CacheLookup) -> None:

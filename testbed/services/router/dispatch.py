@@ -27,7 +27,6 @@ from testbed.metrics.records import RequestRecord, TokenTimer
 from testbed.policy.base import CostModel, LinkView, RequestView, Route, Snapshot
 from testbed.policy.book import BookEntry, LoadBook
 from testbed.policy.decider import Decider, Decision
-from testbed.policy.protocol import Outcome
 from testbed.profiles import MODELS, ModelProfile
 from testbed.scheduler.cluster import Role, SenderCounters
 from testbed.scheduler.loops import ControlLoops
@@ -279,8 +278,7 @@ class RouterState:
             timer.write(rec)
             self.metrics.finished(rec, started=timer.chunks > 0)
             self.records.append(rec)
-            if rec.decided_by is not None:
-                self.decider.on_complete(_view_of(rec), _outcome(rec))
+            self.decider.on_record(rec)
         return rec
 
     async def _run(self, rec: RequestRecord, on_tokens: TokenSink) -> None:
@@ -323,8 +321,7 @@ class RouterState:
             self.control.observe(rec.arrival, self._routed_length(view))
         decision = await self._route(view, exclude)
         route = decision.route
-        rec.decided_by, rec.fallback_reason = decision.decided_by, decision.fallback_reason
-        rec.decision_wall_s = decision.wall_s
+        decision.write(rec)
         prefill = self.instances[route.prefill_instance]
         decode = self.instances[route.decode_instance]
         rec.route = route.prefill_cluster
@@ -494,23 +491,3 @@ class RouterState:
                 x for x in exclude if x in ("prfaas", "local") or not self.healthy.get(x, True)
             )
         raise RequestError("no route: no instance came back in time")
-
-
-def _view_of(rec: RequestRecord) -> RequestView:
-    return RequestView(
-        rec.id, rec.input_tokens, rec.output_tokens, rec.cached_local, rec.cached_prfaas
-    )
-
-
-def _outcome(rec: RequestRecord) -> Outcome:
-    """What the policy's feedback hears about a request that ended (policy.protocol)."""
-    return Outcome(
-        status=rec.status,
-        route=rec.route,
-        prefill_instance=rec.prefill_instance,
-        decode_instance=rec.decode_instance,
-        ttft_s=rec.ttft,
-        e2e_s=rec.e2e,
-        failure_reason=rec.failure_reason,
-        decided_by=rec.decided_by,
-    )
