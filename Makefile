@@ -17,7 +17,8 @@ help:
 	@echo "make scenarios           list the scenario library"
 	@echo "make plan NAME=paper     print the planner's table for scenarios/NAME.yaml"
 	@echo "make test                run the test suite (what CI runs)"
-	@echo "make images              build the compose substrate's images (cached)"
+	@echo "make images              build the compose substrate's images (cached;"
+	@echo "                         PROMETHEUS=1 adds the Prometheus server image)"
 	@echo "make down                remove every container/network/volume compose runs made"
 	@echo "make chaos               short versions of every scenario with faults (pytest -m 'chaos and not model')"
 	@echo "make lint                ruff + mypy + the import-layer check (what CI runs too)"
@@ -86,7 +87,7 @@ clean:
 # (cached: a second run takes seconds), and removal of every container/network/volume it made.
 .PHONY: images down
 images: $(STAMP)
-	$(BIN)/python -m testbed.substrate.compose images
+	$(BIN)/python -m testbed.substrate.compose images $(if $(PROMETHEUS),--prometheus)
 
 down: $(STAMP)
 	$(BIN)/python -m testbed.substrate.compose down

@@ -426,6 +426,7 @@ FIELDS: dict[str, Tests] = {
     "InstanceInfo.kv_port": ROUTED,
     "InstanceInfo.kv_link_host": ROUTED,
     "InstanceInfo.kv_link_port": ROUTED,
+    "InstanceInfo.hardware": "tests/services/test_router_snapshot.py::test_costs_and_queue_wait_follow_the_instances_hardware",
 }
 
 RUN_FLAGS = CLI + "test_run_flags_reach_the_plan_and_the_options"
@@ -504,6 +505,10 @@ FLAGS: dict[str, Tests] = {
         UP + "test_up_flags_reach_the_plan_and_the_options",
         "tests/scenario/test_standing.py::test_faults_play_against_a_standing_deployment_unless_told_not_to",
     ),
+    "testbed up --prometheus": (
+        "tests/compose/test_prometheus.py::test_up_prometheus_flag_reaches_the_standing_deployment",
+        "tests/compose/test_prometheus.py::test_prometheus_scrapes_router_and_every_worker",
+    ),
     "testbed link serve --host": SERVE,
     "testbed link serve --port": (
         SERVE,
@@ -552,6 +557,9 @@ FLAGS: dict[str, Tests] = {
     "testbed verify-model --json": VERIFY,
     "python -m testbed.substrate.compose images --force": COMPOSE,
     "python -m testbed.substrate.compose down --run": COMPOSE,
+    "python -m testbed.substrate.compose images --prometheus": (
+        "tests/compose/test_prometheus.py::test_images_prometheus_flag_builds_the_prometheus_image"
+    ),
 }
 
 EXCEPTIONS: dict[str, str] = {

@@ -1,5 +1,7 @@
 """`testbed up SCENARIO.yaml`: stand the scenario's deployment up for outside clients until
-Ctrl-C or SIGTERM, then write the usual results (scenario.standing)."""
+Ctrl-C or SIGTERM, then write the usual results (scenario.standing). Every request's record is
+journaled as it ends, so even a SIGKILL keeps them; `--prometheus` (compose) adds a Prometheus
+server scraping every service."""
 
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ def _banner(ep: Endpoints, time_scale: float) -> None:
         f"tokenizer:        {TOKENIZER_DIR}",
         f"link API:         {ep.link_api or '- (no link in this deployment)'}",
         *(f"metrics {sid}: {url}" for sid, url in ep.metrics.items()),
+        *([f"Prometheus:       {ep.prometheus}"] if ep.prometheus else []),
         f"serving at time_scale {time_scale:g}; Ctrl-C or SIGTERM stops and writes results",
     ]
     print("\n".join(lines), flush=True)
@@ -44,6 +47,8 @@ def _banner(ep: Endpoints, time_scale: float) -> None:
 def _up(args: argparse.Namespace) -> int:
     if args.substrate not in SUBSTRATES:
         raise UserError(f"substrate {args.substrate!r} is not available; use 'local' or 'compose'")
+    if args.prometheus and args.substrate != "compose":
+        raise UserError("--prometheus needs --substrate compose (it runs as a container)")
     scenario = load_scenario(resolve_scenario(args.scenario))
     out = Path(args.out) if args.out else Path("results") / f"{scenario.name}-up"
     opts = RunOptions(
@@ -70,7 +75,13 @@ def _up(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     result = asyncio.run(
-        stand_up(rp, opts, faults=not args.no_faults, on_ready=lambda e: _banner(e, time_scale))
+        stand_up(
+            rp,
+            opts,
+            faults=not args.no_faults,
+            on_ready=lambda e: _banner(e, time_scale),
+            prometheus=args.prometheus,
+        )
     )
     print(to_text(result.summary))
     for check in result.checks:
@@ -100,6 +111,12 @@ def add_parser(sub: Any) -> None:
         "clients then measure real-world latency directly)",
     )
     p.add_argument("--no-faults", action="store_true", help="do not play the nemesis timeline")
+    p.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="with --substrate compose: add a Prometheus server (Debian's package, in a "
+        "container on 127.0.0.1) scraping the router and every worker; prints its URL",
+    )
     p.add_argument("--out", metavar="DIR", help="results directory (default: results/NAME-up)")
     add_percentiles(p)
     p.set_defaults(func=_up)

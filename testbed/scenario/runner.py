@@ -34,6 +34,7 @@ from testbed.policy import get_policy
 from testbed.scenario.outside import OwnedScheduler, start_owned_scheduler
 from testbed.scenario.plan import Progress, RunOptions, RunPlan, RunResult
 from testbed.scenario.results import write_results
+from testbed.scenario.signals import stop_signals
 from testbed.services.spec import InstanceInfo, SchedulerSpec, ServiceSpec
 from testbed.substrate import make_substrate
 from testbed.substrate.base import ServiceHandle, Substrate
@@ -56,10 +57,6 @@ _TIME_FIELDS = (
     "first_token",
     "last_token",
 )
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-"""Signals that end a run early but cleanly: stop submitting, fail in-flight, write everything."""
 
 
 def _shift(rec: RequestRecord, to_load: Callable[[float], float]) -> RequestRecord:
@@ -461,22 +458,16 @@ async def run_scenario(
     run = _Run(rp, opts)
     run.journal_to(opts.out_dir)
     report = on_progress or (lambda progress: None)
-    loop = asyncio.get_running_loop()
 
     def _interrupt(sig: int) -> None:
-        if run.interrupted:  # a second signal: stop waiting for anything
-            raise KeyboardInterrupt
         run.interrupted = True
         run.signal = sig
         name = "Ctrl-C" if sig == signal.SIGINT else signal.Signals(sig).name
         run.notes.append(f"interrupted by {name}; in-flight requests failed")
         run.stop.set()
 
-    installed = []
-    for sig in STOP_SIGNALS:
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(sig, _interrupt, int(sig))
-            installed.append(sig)
+    signals = contextlib.ExitStack()  # kept until the files are written: a signal then is the 2nd
+    signals.enter_context(stop_signals(_interrupt))
     try:
         try:
             dep = rp.deployment
@@ -499,6 +490,4 @@ async def run_scenario(
         return result
     finally:
         run.close_journals()
-        for sig in installed:  # kept until the files are written: a signal then is the 2nd
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
+        signals.close()

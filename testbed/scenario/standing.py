@@ -5,13 +5,19 @@ It reuses the live run's pieces (scenario.runner): the same services, link, samp
 event stream, nemesis player and results writer. What differs from `run`:
 
 - no load of its own: clients (AIPerf, the openai package, curl) talk to the router's OpenAI
-  surface, and every request any of them sends is in the records, read from the router's
-  `/history` at the end;
+  surface, and every request any of them sends is in the records: the runner follows the
+  router's `GET /records` as a keeper (services.router.recorded), journals each record to
+  requests.jsonl as `run` does (`_Run.journal_to`) and acknowledges it, and the router holds a
+  request's last bytes until then; so once a client has seen its request end, its record is on
+  disk, and a SIGKILL of `testbed up` loses none of them;
 - time_scale 1 unless told otherwise, so client-side latencies are real-world latencies;
 - tokens stream as the decode step produces them (`ServiceSpec.flush_interval_s` 0), so a
   client's inter-token latency is the engine's, not a flush period's;
 - it ends on Ctrl-C, SIGTERM or SIGHUP (or `stop`, for tests): requests in flight get up to
-  `drain_s` wall seconds to finish, the results are written, every process is stopped.
+  `drain_s` wall seconds to finish, the results are written, every process is stopped
+  (scenario.signals, shared with `run`);
+- on the compose substrate it can add a Prometheus server scraping every service
+  (substrate.compose.prometheus).
 """
 
 from __future__ import annotations
@@ -19,18 +25,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
+from testbed.errors import UserError
 from testbed.metrics.files import write_jsonl_atomic
 from testbed.metrics.records import RequestRecord
 from testbed.nemesis import NemesisPlayer, stop_player
 from testbed.scenario.plan import RunOptions, RunPlan, RunResult
 from testbed.scenario.results import write_results
-from testbed.scenario.runner import STOP_SIGNALS, _Run, _shift
+from testbed.scenario.runner import SAMPLE_INTERVAL_S, _Run, _shift
+from testbed.scenario.signals import stop_signals
 from testbed.services.pd import DECODE_PREFIX, PREFILL_PREFIX
 from testbed.services.spec import ServiceSpec
 
@@ -38,6 +48,8 @@ __all__ = ["Endpoints", "at_time_scale", "stand_up"]
 
 DRAIN_S = 30.0
 """Wall seconds requests in flight at the stop get to finish before the processes stop."""
+RECORDS_GRACE_S = 10.0
+"""Wall seconds the runner waits, at the end, for the router's last records to reach it."""
 
 
 @dataclass
@@ -51,6 +63,8 @@ class Endpoints:
     """The link emulator's Toxiproxy-compatible API, when the deployment has a link."""
     metrics: dict[str, str] = field(default_factory=dict)
     """Service id -> its Prometheus /metrics URL."""
+    prometheus: str | None = None
+    """The Prometheus server scraping them all (compose substrate, `--prometheus`)."""
 
 
 def at_time_scale(rp: RunPlan, time_scale: float) -> RunPlan:
@@ -61,7 +75,18 @@ def at_time_scale(rp: RunPlan, time_scale: float) -> RunPlan:
 
 
 class _Standing(_Run):
-    """A live run whose services stream every token as it is produced."""
+    """A live run whose services stream every token as it is produced, and whose records come
+    from the router as they end (whoever the client was)."""
+
+    def __init__(self, rp: RunPlan, opts: RunOptions, *, prometheus: bool = False) -> None:
+        super().__init__(rp, opts)
+        self.records_seen = 0
+        """Highest `seq` of the router's records journaled (services.router.recorded)."""
+        if prometheus:
+            enable = getattr(self.substrate, "enable_prometheus", None)
+            if enable is None:
+                raise UserError("a Prometheus server needs the compose substrate")
+            enable()
 
     def _spec(self, role: str, sid: str, cluster: str, hardware: str) -> ServiceSpec:
         spec = super()._spec(role, sid, cluster, hardware)
@@ -83,6 +108,7 @@ class _Standing(_Run):
             router=self.router.url,
             link_api=client.url if client is not None else None,
             metrics=metrics,
+            prometheus=getattr(self.substrate, "prometheus_url", None),
         )
 
     async def serve(self, stop: asyncio.Event, faults: bool, drain_s: float) -> None:
@@ -93,6 +119,7 @@ class _Standing(_Run):
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             sampler = asyncio.create_task(self._sample(session))
             follower = asyncio.create_task(self._scheduler_events(session))
+            keeper = asyncio.create_task(self._keep_records(session))
             nemesis = asyncio.create_task(
                 NemesisPlayer(
                     self, self.rp.faults if faults else [], self.history, self.clock
@@ -108,7 +135,7 @@ class _Standing(_Run):
                     await sampler
                 await self._end_events(session, follower)
                 await self._engine_stats(session)
-                await self._collect(session)
+                await self._end_records(session, keeper)
 
     async def _drain(self, session: aiohttp.ClientSession, drain_s: float) -> None:
         """Wait (bounded) for the router to have nothing in flight."""
@@ -122,16 +149,57 @@ class _Standing(_Run):
             await asyncio.sleep(0.2)
         self.notes.append(f"requests still in flight after the {drain_s:g}s drain")
 
-    async def _collect(self, session: aiohttp.ClientSession) -> None:
-        """Every record the router kept, on the run's clock, in arrival order."""
-        assert self.router is not None
-        async with asyncio.timeout(30):
-            async with session.get(f"{self.router.url}/history") as resp:
-                docs = await resp.json()
-        recs = [_shift(RequestRecord.from_json(d), self.load_time) for d in docs]
-        for rec in sorted(recs, key=lambda r: r.arrival):
+    def _keep(self, doc: dict[str, Any]) -> None:
+        """One record from the router: on the run's clock, into the journal."""
+        rec = _shift(RequestRecord.from_json(doc), self.load_time)
+        if rec.id not in self.records:
             self.submitted.append(rec.id)
-            self._record(rec)
+        self._record(rec)
+
+    async def _keep_records(self, session: aiohttp.ClientSession) -> None:
+        """Follow the router's records as they end (GET /records?keep=1): journal each one,
+        then tell the router it is kept (POST /records/kept), which releases the answer to its
+        client. A broken stream resumes after the last record kept."""
+        assert self.router is not None
+        url = f"{self.router.url}/records"
+        while True:  # ends when cancelled (_end_records)
+            with contextlib.suppress(aiohttp.ClientError, ValueError, KeyError, TypeError):
+                params = {"after": self.records_seen, "keep": 1}
+                async with session.get(url, params=params) as resp:
+                    async for line in resp.content:
+                        doc = json.loads(line)
+                        seq = int(doc["seq"])
+                        if seq > self.records_seen:
+                            self._keep(doc["record"])  # flushed to requests.jsonl here
+                            self.records_seen = seq
+                        async with session.post(f"{url}/kept", json={"seq": seq}) as ack:
+                            await ack.read()
+            await asyncio.sleep(SAMPLE_INTERVAL_S)
+
+    async def _end_records(
+        self, session: aiohttp.ClientSession, keeper: asyncio.Task[None]
+    ) -> None:
+        """Stop following the records once every record the router made is kept (its /stats
+        says how many; bounded by RECORDS_GRACE_S); any still missing then come from
+        /history. Then order them by arrival."""
+        assert self.router is not None
+        made = None
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, KeyError):
+            async with asyncio.timeout(RECORDS_GRACE_S):
+                async with session.get(f"{self.router.url}/stats") as resp:
+                    made = int((await resp.json())["recorded"])
+                while self.records_seen < made and not keeper.done():
+                    await asyncio.sleep(0.05)
+        keeper.cancel()
+        await asyncio.gather(keeper, return_exceptions=True)
+        if made is None or self.records_seen < made:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, KeyError):
+                async with asyncio.timeout(30):
+                    async with session.get(f"{self.router.url}/history") as resp:
+                        docs = await resp.json()
+                for doc in docs[self.records_seen :]:
+                    self._keep(doc)
+        self.submitted.sort(key=lambda rid: self.records[rid].arrival)
 
 
 async def stand_up(
@@ -142,45 +210,37 @@ async def stand_up(
     on_ready: Callable[[Endpoints], None] = lambda _e: None,
     stop: asyncio.Event | None = None,
     drain_s: float = DRAIN_S,
+    prometheus: bool = False,
 ) -> RunResult:
-    """Serve `rp`'s deployment until a stop signal (or `stop`), then write its results."""
+    """Serve `rp`'s deployment until a stop signal (or `stop`), then write its results;
+    `prometheus` adds a Prometheus server (compose substrate only)."""
     opts.out_dir.mkdir(parents=True, exist_ok=True)
-    run = _Standing(rp, opts)
+    run = _Standing(rp, opts, prometheus=prometheus)
     run.journal_to(opts.out_dir)
     stop = stop if stop is not None else asyncio.Event()
-    loop = asyncio.get_running_loop()
 
     def _interrupt(sig: int) -> None:
-        if run.signal is not None:  # a second signal: stop waiting for anything
-            raise KeyboardInterrupt
         run.signal = sig
         stop.set()
 
-    installed = []
-    for sig in STOP_SIGNALS:
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(sig, _interrupt, int(sig))
-            installed.append(sig)
-    try:
+    with stop_signals(_interrupt):
         try:
-            await run.start()
-            on_ready(run.endpoints())
-            await run.serve(stop, faults, drain_s)
-            duration = max(run.clock.now(), 1e-3)
+            try:
+                await run.start()
+                on_ready(run.endpoints())
+                await run.serve(stop, faults, drain_s)
+                duration = max(run.clock.now(), 1e-3)
+            finally:
+                await run.shutdown()
+            run.close_journals()
+            write_jsonl_atomic(opts.out_dir / "history.jsonl", (e.to_json() for e in run.history))
+            if run.signal is not None:
+                run.notes.append(f"stopped by {signal.Signals(run.signal).name}")
+            done = dataclasses.replace(rp, duration_s=duration, requests=[])
+            records = [run.records[i] for i in run.submitted]
+            result = write_results(done, opts, run.submitted, records, run.history, run.notes, True)
+            # Stopping is how a standing deployment ends: the exit code is the checkers' verdict.
+            result.interrupted, result.signal = False, None
+            return result
         finally:
-            await run.shutdown()
-        run.close_journals()
-        write_jsonl_atomic(opts.out_dir / "history.jsonl", (e.to_json() for e in run.history))
-        if run.signal is not None:
-            run.notes.append(f"stopped by {signal.Signals(run.signal).name}")
-        done = dataclasses.replace(rp, duration_s=duration, requests=[])
-        records = [run.records[i] for i in run.submitted]
-        result = write_results(done, opts, run.submitted, records, run.history, run.notes, True)
-        # Stopping is how a standing deployment ends: the exit code is the checkers' verdict.
-        result.interrupted, result.signal = False, None
-        return result
-    finally:
-        run.close_journals()
-        for sig in installed:
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
+            run.close_journals()

@@ -24,7 +24,9 @@ def ups(monkeypatch: pytest.MonkeyPatch) -> list[tuple[RunPlan, RunOptions, bool
 
     seen: list[tuple[RunPlan, RunOptions, bool]] = []
 
-    async def fake(rp: RunPlan, opts: RunOptions, *, faults: bool, on_ready: Any) -> RunResult:
+    async def fake(
+        rp: RunPlan, opts: RunOptions, *, faults: bool, on_ready: Any, **_kw: Any
+    ) -> RunResult:
         seen.append((rp, opts, faults))
         on_ready(Endpoints("http://r/v1", "http://r", None, {"router": "http://r/metrics"}))
         return RunResult(opts.out_dir, [], [], {}, [])

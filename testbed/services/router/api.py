@@ -2,7 +2,8 @@
 
 `POST /generate` (NDJSON stream: `{"tokens": n}` lines, then `{"record": {...}}`),
 `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models` (OpenAI-compatible:
-services.router.openai), `GET /history` (every record), `GET /stats` (load, policy inputs,
+services.router.openai), `GET /history` (every record), `GET /records` (records as they end:
+services.router.recorded), `GET /stats` (load, policy inputs,
 scheduler state), `GET /events` (the scheduler's event stream: services.router.follow),
 `GET /metrics` (Prometheus: metrics.prometheus), `GET /health`.
 """
@@ -35,6 +36,7 @@ from testbed.services.router.openai import (
     completions,
     models,
 )
+from testbed.services.router.recorded import add_record_routes
 from testbed.services.router.workers import Workers
 from testbed.services.spec import ServiceSpec
 from testbed.services.validate import health, json_errors
@@ -144,6 +146,7 @@ async def create_app(
     app.router.add_get("/history", _history)
     app.router.add_get("/stats", _stats)
     app.router.add_get("/events", events)
+    add_record_routes(app, state.record_log)  # GET /records, POST /records/kept
     app.router.add_get("/health", health)
 
     async def _startup(_app: web.Application) -> None:

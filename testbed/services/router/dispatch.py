@@ -42,6 +42,7 @@ from testbed.services.router.errors import (
     ClientGone,
     RequestError,
 )
+from testbed.services.router.recorded import RecordLog
 from testbed.services.router.steps import TokenSink, run_prefill, stream_decode
 from testbed.services.router.workers import HttpWorkers, Workers
 from testbed.services.spec import InstanceInfo, ServiceSpec
@@ -114,7 +115,9 @@ class RouterState:
             if spec.scheduler is not None
             else None
         )
-        self.records: list[RequestRecord] = []
+        self.record_log = RecordLog()
+        """Finished records, followed live by a keeper at `testbed up` (router.recorded)."""
+        self.records: list[RequestRecord] = self.record_log.records
         self.live: dict[str, RequestRecord] = {}
         """Records of the requests in flight, by id (the OpenAI stream reads their tokens)."""
         self.in_flight = 0
@@ -277,8 +280,9 @@ class RouterState:
             self.live.pop(rid, None)
             timer.write(rec)
             self.metrics.finished(rec, started=timer.chunks > 0)
-            self.records.append(rec)
+            seq = self.record_log.append(rec)
             self.decider.on_record(rec)
+        await self.record_log.wait_kept(seq)  # on disk before the client sees the end
         return rec
 
     async def _run(self, rec: RequestRecord, on_tokens: TokenSink) -> None:

@@ -78,7 +78,7 @@ def _image_labels(client: Any, tag: str) -> dict[str, str] | None:
 # ---------------------------------------------------------------------------------- images
 
 
-def _build_base(client: Any, log: Log) -> None:
+def build_base_image(client: Any, log: Log) -> None:
     """A Debian image from Debian packages: mmdebstrap piped into `docker import`."""
     if shutil.which("mmdebstrap") is None:
         if os.geteuid() == 0 and shutil.which("apt-get"):
@@ -163,7 +163,7 @@ def ensure_images(*, log: Log = log_stderr, force: bool = False) -> str:
     client = docker_client()
     base = os.environ.get("TESTBED_BASE_IMAGE", BASE_IMAGE)
     if base == BASE_IMAGE and (force or _image_labels(client, BASE_IMAGE) is None):
-        _build_base(client, log)
+        build_base_image(client, log)
     try:
         base_id = client.images.get(base).id
     except Exception:

@@ -27,6 +27,11 @@ from testbed.substrate.base import ServiceHandle
 from testbed.substrate.compose.images import IMAGE, LABEL, Log, docker_client, ensure_images
 from testbed.substrate.compose.images import log_stderr as _log
 from testbed.substrate.compose.kernel import ComposeKernel
+from testbed.substrate.compose.prometheus import (
+    PrometheusServer,
+    ensure_prometheus_image,
+    prometheus_wanted,
+)
 from testbed.substrate.compose.topology import (
     CTL_PROXY_PORT0,
     FIRST_HOST,
@@ -104,7 +109,14 @@ class ComposeSubstrate:
 
     name = "compose"
 
-    def __init__(self, log_dir: Path | None, *, image: str = IMAGE, log: Log = _log) -> None:
+    def __init__(
+        self,
+        log_dir: Path | None,
+        *,
+        image: str = IMAGE,
+        log: Log = _log,
+        prometheus: bool | None = None,
+    ) -> None:
         self.log_dir = log_dir
         out_dir = log_dir.parent if log_dir is not None else Path(tempfile.mkdtemp())
         self.out_dir = out_dir.resolve()
@@ -119,6 +131,23 @@ class ComposeSubstrate:
         self._lock = asyncio.Lock()
         self._up = False
         self._stopped = False
+        want = prometheus_wanted() if prometheus is None else prometheus
+        self.prometheus: PrometheusServer | None = (
+            PrometheusServer(self.out_dir / "prometheus", log=log) if want else None
+        )
+        """A Prometheus server scraping every service (prometheus.py), when asked for."""
+
+    def enable_prometheus(self) -> None:
+        """Add the Prometheus server (before the first service starts)."""
+        if self._up:
+            raise RuntimeError("enable_prometheus must come before the first service")
+        if self.prometheus is None:
+            self.prometheus = PrometheusServer(self.out_dir / "prometheus", log=self.log)
+
+    @property
+    def prometheus_url(self) -> str | None:
+        """Prometheus's web and API address (on 127.0.0.1), once it is up."""
+        return self.prometheus.url if self.prometheus is not None else None
 
     @property
     def project(self) -> str:
@@ -152,9 +181,26 @@ class ComposeSubstrate:
             self.topology.compose = await asyncio.to_thread(compose_command)
             await asyncio.to_thread(reap_orphans, log=self.log)
             await asyncio.to_thread(ensure_images, log=self.log)
+            if self.prometheus is not None:
+                await asyncio.to_thread(ensure_prometheus_image, log=self.log)
             self.topology.note("images current")
             self._up = True  # from here on stop_all has something to clean up
             await self.topology.up()
+            if self.prometheus is not None:
+                await self._start_prometheus(self.prometheus)
+
+    async def _start_prometheus(self, server: PrometheusServer) -> None:
+        labels = {LABEL: "1", RUN_LABEL: self.project, OWNER_LABEL: owner_tag()}
+        labels[SERVICE_LABEL] = "prometheus"
+        await asyncio.to_thread(server.start, self.client, labels, cgroup_parent())
+        await server.wait_ready()
+        self.topology.note(f"prometheus at {server.url}")
+        self.log(f"Prometheus at {server.url} (scraping every service's /metrics)")
+
+    def _scraped(self, inst: _Instance) -> None:
+        if self.prometheus is not None:
+            spec = inst.spec
+            self.prometheus.set_target(spec.id, spec.role, spec.cluster, inst.host_port)
 
     # ------------------------------------------------------------------ services
 
@@ -277,6 +323,7 @@ class ComposeSubstrate:
             self.topology.services[spec.id] = _service_doc(inner, ip)
             self.topology.render()
         await self._wait_ready(inst)
+        self._scraped(inst)
         self.topology.note(
             f"{spec.id} at {ip}: created in {created:.1f}s, ready after {time.monotonic() - t:.1f}s"
         )
@@ -350,6 +397,7 @@ class ComposeSubstrate:
         await self.kill(handle)
         await asyncio.to_thread(inst.container.start)
         await self._wait_ready(inst)
+        self._scraped(inst)  # its published port may have changed
         return self._handle(inst)
 
     async def disconnect(self, handle: ServiceHandle, network: str | None = None) -> None:
@@ -411,6 +459,8 @@ class ComposeSubstrate:
                     (self.log_dir / "link.log").write_bytes(  # type: ignore[operator]
                         self.link_container.logs(stdout=True, stderr=True)
                     )
+            if self.prometheus is not None:
+                self.prometheus.save_log(self.log_dir / "prometheus.log")  # type: ignore[operator]
 
         await asyncio.to_thread(save)
 
@@ -439,5 +489,7 @@ class ComposeSubstrate:
         await asyncio.gather(
             *(asyncio.to_thread(remove, i.container) for i in self.instances.values())
         )
+        if self.prometheus is not None:
+            await asyncio.to_thread(self.prometheus.remove)
         await self.topology.teardown()
         self.topology.note("stopped")
