@@ -87,8 +87,11 @@ class PolicyConfig(StrictModel):
     @model_validator(mode="after")
     def _http(self) -> PolicyConfig:
         if self.kind == "python":
-            extra = [f for f in ("url", "command") if getattr(self, f) is not None] + [
-                f for f in ("timeout", "fallback", "debug_validate") if f in self.model_fields_set
+            # a value other than the default (a dumped config carries the defaults back)
+            extra = [
+                f
+                for f in ("url", "command", "timeout", "fallback", "debug_validate")
+                if getattr(self, f) != type(self).model_fields[f].default
             ]
             if extra:
                 raise ValueError(f"{', '.join(extra)}: only for kind: http")

@@ -94,7 +94,9 @@ class RequestRecord:
     fallback_reason: str | None = None
     """Why the fallback decided ("timeout: ...", "unknown-instance: ...")."""
     decision_wall_s: float | None = None
-    """Wall seconds the last routing decision took (HTTP round trip included)."""
+    """Wall seconds the last routing decision took (HTTP round trip included). None on the sim,
+    whose records stay the same for the same seed: its `decisions` history event summarises
+    them instead."""
 
     @property
     def ttft(self) -> float | None:

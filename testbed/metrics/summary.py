@@ -35,10 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from testbed.clock import Scale
+from testbed.clock import LiveClock, Scale
 from testbed.config import SloConfig
 from testbed.metrics.bench import DEFAULT_PERCENTILES, benchmark, latency_sections
 from testbed.metrics.records import HistoryEvent, RequestRecord
+from testbed.policy.decider import wall_percentiles_ms
 from testbed.units import format_size
 
 __all__ = [
@@ -324,7 +325,7 @@ def summarize(
             "last": thresholds[-1] if thresholds else None,
         },
         "faults": [{"t": e.t, **e.data} for e in history if e.kind == "fault"],
-        "decisions": decisions(records, scale),
+        "decisions": decisions(records, history, scale),
     }
     for key, value in (extra or {}).items():
         if key in summary:
@@ -333,7 +334,9 @@ def summarize(
     return summary
 
 
-def decisions(records: list[RequestRecord], scale: Scale) -> dict[str, Any]:
+def decisions(
+    records: list[RequestRecord], history: list[HistoryEvent], scale: Scale
+) -> dict[str, Any]:
     """Who routed (policy or fallback), why the fallback did, and how long a decision took:
     wall milliseconds, and real-world ones (wall x time_scale: what the emulated deployment
     waited; a sim decision takes no virtual time, so there only the wall figure means much).
@@ -345,22 +348,21 @@ def decisions(records: list[RequestRecord], scale: Scale) -> dict[str, Any]:
         for r in routed
         if r.decided_by == "fallback"
     )
-    wall = [r.decision_wall_s * 1e3 for r in routed if r.decision_wall_s is not None]
-
-    def pct(values: list[float]) -> dict[str, float | None]:
-        if not values:
-            return {"p50": None, "p90": None, "p99": None, "max": None}
-        p50, p90, p99 = np.percentile(np.asarray(values), [50, 90, 99])
-        return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "max": max(values)}
-
+    wall = wall_percentiles_ms([r.decision_wall_s for r in routed if r.decision_wall_s is not None])
+    for e in history:  # the sim keeps them off the records (same seed, same requests.jsonl)
+        if e.kind == "decisions" and not wall["n"]:
+            wall = dict(e.data["wall_ms"])
+    clock = LiveClock.paced(scale)
     first = next((r.fallback_reason for r in routed if r.decided_by == "fallback"), None)
     return {
         "routed": len(routed),
         "by": {"policy": by.get("policy", 0), "fallback": by.get("fallback", 0)},
         "fallback_reasons": dict(sorted(reasons.items())),
         "first_fallback_reason": first,
-        "latency_wall_ms": pct(wall),
-        "latency_real_ms": pct([w * scale.time_scale for w in wall]),
+        "latency_wall_ms": wall,
+        "latency_real_ms": {
+            k: (v if k == "n" or v is None else clock.real(v)) for k, v in wall.items()
+        },
     }
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,10 +56,11 @@ class Decision:
     wall_s: float
     """Wall seconds the decision took (the policy's, plus the fallback's when it decided)."""
 
-    def write(self, rec: Any) -> None:
-        """Onto a request record (metrics.records.RequestRecord): who decided, why, how fast."""
+    def write(self, rec: Any, *, wall: bool = True) -> None:
+        """Onto a request record (metrics.records.RequestRecord): who decided, why, and (unless
+        `wall` is False: the sim, whose records are the same for the same seed) how fast."""
         rec.decided_by, rec.fallback_reason = self.decided_by, self.fallback_reason
-        rec.decision_wall_s = self.wall_s
+        rec.decision_wall_s = self.wall_s if wall else None
 
 
 def fallback_kind(reason: str | None) -> str:
@@ -134,6 +135,21 @@ def plugin_fallback(policy_cls: type[Policy]) -> str:
     if policy_cls.needs_threshold:
         return DEFAULT_FALLBACK
     return "homogeneous" if policy_cls.deployment_kind == "homogeneous" else "naive"
+
+
+def wall_percentiles_ms(walls_s: Sequence[float]) -> dict[str, Any]:
+    """Decision latencies as the summary gives them: count and p50/p90/p99/max, wall ms."""
+    ms = sorted(w * 1e3 for w in walls_s)
+    if not ms:
+        return {"n": 0, "p50": None, "p90": None, "p99": None, "max": None}
+
+    def pct(q: float) -> float:  # linear interpolation, as numpy's default
+        k = (len(ms) - 1) * q
+        lo = int(k)
+        hi = min(lo + 1, len(ms) - 1)
+        return ms[lo] + (ms[hi] - ms[lo]) * (k - lo)
+
+    return {"n": len(ms), "p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99), "max": ms[-1]}
 
 
 class Decider:

@@ -113,6 +113,8 @@ class SimDispatcher:
         """The policy behind the shared failure semantics (policy.decider): a decision takes no
         virtual time; its wall latency goes on the record."""
         self.policy = decider.policy
+        self.decision_walls: list[float] = []
+        """Wall seconds of each decision (the run's `decisions` history event summarises them)."""
         self.cache = cache
         self.control = control
         self.byte_scale = byte_scale
@@ -199,7 +201,8 @@ class SimDispatcher:
             self.loop.call_later(self.no_route_poll, self._try, req)
             return
         req.route_deadline = None
-        decision.write(rec)
+        decision.write(rec, wall=False)  # wall times would make requests.jsonl differ per run
+        self.decision_walls.append(decision.wall_s)
         self._dispatch(req, decision.route, look)
 
     def _dispatch(self, req: SimRequest, route: Route, look: CacheLookup) -> None:

@@ -20,7 +20,7 @@ from testbed.kvcache.manager import KVCacheManager, cluster_capacities
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.nemesis import NemesisPlayer, PlannedFault, stop_player
 from testbed.policy import get_policy
-from testbed.policy.decider import Decider
+from testbed.policy.decider import Decider, wall_percentiles_ms
 from testbed.profiles import MODELS
 from testbed.scheduler.cluster import Role
 from testbed.scheduler.loops import ControlLoops
@@ -220,6 +220,8 @@ async def _run(inp: SimInputs) -> SimOutput:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         dispatcher.decider.close()
+    walls = wall_percentiles_ms(dispatcher.decision_walls)
+    history.append(HistoryEvent(loop.time(), "decisions", {"wall_ms": walls}))
     _engine_events(instances, history, loop.time())
     history.sort(key=lambda e: e.t)
     ordered = [records[i] for i in submitted if i in records]
