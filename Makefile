@@ -4,6 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 MODEL_STAMP := $(VENV)/.model-installed
+TEST_STAMP := $(VENV)/.test-installed
 NAME   ?= burst
 SUBSTRATE ?= local
 ARGS   ?=
@@ -41,11 +42,16 @@ $(MODEL_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[dev,compose,model]'
 	@touch $(MODEL_STAMP)
 
-test: $(MODEL_STAMP)
+# The suite also runs `testbed sweep --ray` on a local Ray head (marker `ray`): the ray extra.
+$(TEST_STAMP): $(MODEL_STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev,compose,model,ray]'
+	@touch $(TEST_STAMP)
+
+test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not chaos and not compose and not model"
+	$(BIN)/python -m pytest -q -m "not slow and not chaos and not compose and not model and not ray"
 
 chaos: $(STAMP)
 	$(BIN)/python -m pytest -q -m "chaos and not model"

@@ -104,6 +104,11 @@ class StagePlan:
         return out
 
 
+_VECTOR_MIN = 4096
+"""Grids smaller than this many (threshold, split) pairs are searched pair by pair."""
+_VECTOR_TOL = 1e-8
+"""How far below the largest Lambda_max a pair may be and still round to it (at 9 decimals)."""
+
 LINK_TIE = 0.01
 """A link-held PrfaaS stage within 1% of lambda_max is named the bottleneck: the threshold search
 ties the stages, so the strict minimum is often another stage a hair below the link's rate."""
@@ -158,6 +163,7 @@ def plan_deployment(
     link_bytes_per_s: float | None = None,
     n_prefill: int | None = None,
     threshold_tokens: float | None = None,
+    exhaustive: bool = False,
 ) -> StagePlan:
     """Best operating point of one deployment.
 
@@ -167,6 +173,8 @@ def plan_deployment(
     The bottleneck is `link` when the PrfaaS stage is held back by the link rather than by its
     prefill compute and it is within LINK_TIE of lambda_max: the search then balanced the other
     stages against the link (a dense model's t is pushed up until its KV fits).
+    `exhaustive` evaluates every pair with the scalar code (the reference the fast search is
+    tested against: tests/test_planner_search.py); the result is the same.
     """
     model = MODELS[deployment.model]
     link = deployment.link.bandwidth if link_bytes_per_s is None else link_bytes_per_s
@@ -189,75 +197,115 @@ def plan_deployment(
         else:
             thresholds = _threshold_grid(inputs.lengths, inputs.threshold_step)
 
-    best: tuple[tuple[float, float], StagePlan] | None = None
     decode = model.decode[deployment.local.hardware]
     bs_max = decode.bs_max(inputs.tpot_slo_s)
     t_decode = decode.step_time(bs_max)
+    points: list[tuple[float, float, float, float]] = []
     for t in thresholds:
         if math.isinf(t):
             mean = inputs.lengths.mean()
             p, l_long, l_short = (1.0, mean, 0.0) if t < 0 else (0.0, 0.0, mean)
         else:
             p, l_long, l_short = inputs.lengths.split(float(t))
-        for n_p, n_d in splits:
-            th_pf, th_pdp, th_pdd, lam = stage_throughputs(
-                model,
-                prfaas_hw=prfaas_hw,
-                local_hw=deployment.local.hardware,
-                n_prfaas=n_prfaas_total,
-                n_prefill=n_p,
-                n_decode=n_d,
-                link_bytes_per_s=link,
-                p=p,
-                l_long=l_long,
-                l_short=l_short,
-                output_tokens=inputs.output_tokens,
-                tpot_slo_s=inputs.tpot_slo_s,
-            )
-            stage_rates = {
-                "prfaas": th_pf / p if p > 0 else math.inf,
-                "pd-p": th_pdp / (1 - p) if p < 1 else math.inf,
-                "pd-d": th_pdd,
-            }
-            finite = [v for v in (stage_rates["prfaas"], stage_rates["pd-p"]) if math.isfinite(v)]
-            imbalance = abs(finite[0] - finite[1]) if len(finite) == 2 else 0.0
-            key = (round(lam, 9), -imbalance)
-            if best is not None and key <= best[0]:
-                continue
-            egress = lam * p * model.kv_bytes(l_long) * 8 / 1e9 if p > 0 else 0.0
-            link_bound = (
-                p > 0
-                and n_prfaas_total > 0
-                and prfaas_hw is not None
-                and link / model.kv_bytes(l_long)
-                < n_prfaas_total / model.prefill_time(prfaas_hw, l_long)
-            )
-            bottleneck = min(stage_rates, key=lambda k: stage_rates[k])
-            if link_bound and stage_rates["prfaas"] <= lam * (1 + LINK_TIE):
-                bottleneck = "link"  # the link holds the PrfaaS stage at (or within a hair of) lam
-            link_gbps = link * 8 / 1e9 if deployment.prfaas else 0.0
-            plan = StagePlan(
-                deployment=name,
-                lambda_max_rps=lam,
-                n_prfaas=n_prfaas_total if p > 0 else 0,
-                n_prefill=n_p,
-                n_decode=n_d,
-                threshold_tokens=float(t) if deployment.kind == "prfaas-pd" else None,
-                offload_fraction=p,
-                l_long_tokens=l_long,
-                l_short_tokens=l_short,
-                theta_prfaas_rps=th_pf if deployment.kind != "homogeneous" else None,
-                theta_pdp_rps=th_pdp if deployment.kind != "naive" else None,
-                theta_pdd_rps=th_pdd,
-                egress_gbps=egress,
-                link_gbps=link_gbps,
-                bs_max=bs_max,
-                t_decode_s=t_decode,
-                bottleneck=bottleneck,
-                link_utilisation=egress / link_gbps if link_gbps else 0.0,
-                link_max_rps=link / (p * model.kv_bytes(l_long)) if p > 0 and link_gbps else None,
-            )
-            best = (key, plan)
+        points.append((float(t), p, l_long, l_short))
+
+    def candidates() -> list[tuple[tuple[float, float, float, float], tuple[int, int]]]:
+        """The (threshold, split) pairs that can hold the best key, in the search's order.
+
+        The best point is the first one, thresholds outer and splits inner, with the largest
+        (round(Lambda_max, 9), -imbalance). Lambda_max of every pair is computed at once with
+        numpy (the same IEEE operations as stage_throughputs); only the pairs within 1e-8 of
+        the largest can reach its rounded value, and those go through the exact scalar code
+        below, so the plan is the exhaustive search's, at a cost that grows with the grid's
+        size in C rather than in Python: 1,280 thresholds x 832 splits, the 10K-GPU
+        deployment's re-plan, in tens of milliseconds instead of seconds (bench/planner_search.py).
+        """
+        if exhaustive or len(points) * len(splits) <= _VECTOR_MIN:
+            return [(pt, sp) for pt in points for sp in splits]
+        n_p = np.array([sp[0] for sp in splits], dtype=np.int64)
+        n_d = np.array([sp[1] for sp in splits], dtype=np.int64)
+        theta_pdd = n_d * bs_max / (t_decode * inputs.output_tokens)
+        lam = np.empty((len(points), len(splits)))
+        for k, (_, p, l_long, l_short) in enumerate(points):
+            row = theta_pdd.copy()
+            if p > 0:
+                if n_prfaas_total > 0 and prfaas_hw is not None:
+                    compute = n_prfaas_total / model.prefill_time(prfaas_hw, l_long)
+                    theta_prfaas = min(compute, link / model.kv_bytes(l_long))
+                else:
+                    theta_prfaas = 0.0
+                np.minimum(row, theta_prfaas / p, out=row)
+            if p < 1:
+                theta_pdp = np.where(
+                    n_p > 0, n_p / model.prefill_time(deployment.local.hardware, l_short), 0.0
+                )
+                np.minimum(row, theta_pdp / (1 - p), out=row)
+            lam[k] = row
+        flat = lam.ravel()
+        keep = np.flatnonzero(flat >= flat.max() - _VECTOR_TOL)
+        n = len(splits)
+        return [(points[int(i) // n], splits[int(i) % n]) for i in keep]
+
+    best: tuple[tuple[float, float], StagePlan] | None = None
+    for (t, p, l_long, l_short), (n_p, n_d) in candidates():
+        th_pf, th_pdp, th_pdd, lam = stage_throughputs(
+            model,
+            prfaas_hw=prfaas_hw,
+            local_hw=deployment.local.hardware,
+            n_prfaas=n_prfaas_total,
+            n_prefill=n_p,
+            n_decode=n_d,
+            link_bytes_per_s=link,
+            p=p,
+            l_long=l_long,
+            l_short=l_short,
+            output_tokens=inputs.output_tokens,
+            tpot_slo_s=inputs.tpot_slo_s,
+        )
+        stage_rates = {
+            "prfaas": th_pf / p if p > 0 else math.inf,
+            "pd-p": th_pdp / (1 - p) if p < 1 else math.inf,
+            "pd-d": th_pdd,
+        }
+        finite = [v for v in (stage_rates["prfaas"], stage_rates["pd-p"]) if math.isfinite(v)]
+        imbalance = abs(finite[0] - finite[1]) if len(finite) == 2 else 0.0
+        key = (round(lam, 9), -imbalance)
+        if best is not None and key <= best[0]:
+            continue
+        egress = lam * p * model.kv_bytes(l_long) * 8 / 1e9 if p > 0 else 0.0
+        link_bound = (
+            p > 0
+            and n_prfaas_total > 0
+            and prfaas_hw is not None
+            and link / model.kv_bytes(l_long)
+            < n_prfaas_total / model.prefill_time(prfaas_hw, l_long)
+        )
+        bottleneck = min(stage_rates, key=lambda k: stage_rates[k])
+        if link_bound and stage_rates["prfaas"] <= lam * (1 + LINK_TIE):
+            bottleneck = "link"  # the link holds the PrfaaS stage at (or within a hair of) lam
+        link_gbps = link * 8 / 1e9 if deployment.prfaas else 0.0
+        plan = StagePlan(
+            deployment=name,
+            lambda_max_rps=lam,
+            n_prfaas=n_prfaas_total if p > 0 else 0,
+            n_prefill=n_p,
+            n_decode=n_d,
+            threshold_tokens=float(t) if deployment.kind == "prfaas-pd" else None,
+            offload_fraction=p,
+            l_long_tokens=l_long,
+            l_short_tokens=l_short,
+            theta_prfaas_rps=th_pf if deployment.kind != "homogeneous" else None,
+            theta_pdp_rps=th_pdp if deployment.kind != "naive" else None,
+            theta_pdd_rps=th_pdd,
+            egress_gbps=egress,
+            link_gbps=link_gbps,
+            bs_max=bs_max,
+            t_decode_s=t_decode,
+            bottleneck=bottleneck,
+            link_utilisation=egress / link_gbps if link_gbps else 0.0,
+            link_max_rps=link / (p * model.kv_bytes(l_long)) if p > 0 and link_gbps else None,
+        )
+        best = (key, plan)
     assert best is not None
     gpus = n_local * HARDWARE[deployment.local.hardware].gpus
     if deployment.prfaas is not None:

@@ -1,6 +1,6 @@
-"""`make test-fast` and `make chaos` collect cleanly without torch, and `make test` still fails
-loudly when torch is missing (tests/conftest.py). torch is blocked in a child pytest, so these
-run the same whether or not this venv has the model extra."""
+"""`make test-fast` and `make chaos` collect cleanly without torch or ray, and `make test` still
+fails loudly when either is missing (tests/conftest.py). Both are blocked in a child pytest, so
+these run the same whether or not this venv has the model and ray extras."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _collect(*args: str) -> subprocess.CompletedProcess[str]:
     code = (
-        "import sys; sys.modules['torch'] = None\n"
+        "import sys; sys.modules['torch'] = None; sys.modules['ray'] = None\n"
         "import pytest\n"
         f"sys.exit(pytest.main({['--collect-only', '-q', '-p', 'no:cacheprovider', *args]!r}))\n"
     )
@@ -28,7 +28,7 @@ def _collect(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize(
     "markexpr",
-    ["not slow and not chaos and not compose and not model", "chaos and not model"],
+    ["not slow and not chaos and not compose and not model and not ray", "chaos and not model"],
 )
 def test_fast_and_chaos_selections_collect_without_torch(markexpr: str) -> None:
     out = _collect("-m", markexpr, "tests")  # as the Makefile targets do: the whole directory
@@ -38,8 +38,16 @@ def test_fast_and_chaos_selections_collect_without_torch(markexpr: str) -> None:
 
 
 def test_fast_selection_keeps_the_torch_free_guard() -> None:
-    out = _collect("-m", "not slow and not chaos and not compose and not model", "tests")
+    out = _collect(
+        "-m", "not slow and not chaos and not compose and not model and not ray", "tests"
+    )
     assert "test_torch_optional.py::" in out.stdout
+
+
+def test_ray_selection_without_ray_fails_loudly() -> None:
+    out = _collect("-m", "ray", "tests/sim/test_sweep_ray.py")
+    assert out.returncode not in (0, 5), out.stdout
+    assert "ray" in out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("args", [[], ["-m", "model"]])

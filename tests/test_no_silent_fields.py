@@ -439,7 +439,45 @@ FIT_FLAGS = FIT + "test_cli_flags_reach_the_fit"
 VERIFY = CLI + "test_verify_model_flags"
 COMPOSE = CLI + "test_compose_command_flags"
 
+HS = "tests/scenario/test_hindsight.py::"
+HS_CLI = HS + "test_cli_writes_the_table_and_prints_the_best"
+SC = "tests/scenario/test_scorecard.py::"
+SC_CLI = SC + "test_cli_writes_the_files_and_skips_what_the_sim_refuses"
+SC_FLAGS = SC + "test_cli_substrate_hindsight_and_quiet"
+
 FLAGS: dict[str, Tests] = {
+    "testbed hindsight --substrate": HS + "test_cli_refuses_a_live_substrate",
+    "testbed hindsight --thresholds": (
+        HS_CLI,
+        HS + "test_best_fixed_keeps_the_best_mean_over_seeds",
+    ),
+    "testbed hindsight --splits": (HS_CLI, HS + "test_every_setting_is_offered_the_same_requests"),
+    "testbed hindsight --no-splits": HS_CLI,
+    "testbed hindsight --seeds": HS_CLI,
+    "testbed hindsight --objective": (
+        HS_CLI,
+        HS + "test_best_fixed_keeps_the_best_mean_over_seeds",
+    ),
+    "testbed hindsight --out": HS_CLI,
+    "testbed hindsight --jobs": HS_CLI,
+    "testbed hindsight --quiet": HS_CLI,
+    "testbed scorecard --policy": (
+        SC_CLI,
+        SC + "test_a_policy_that_cannot_load_stops_before_any_run",
+    ),
+    "testbed scorecard --baseline": SC_CLI,
+    "testbed scorecard --substrate": SC_FLAGS,
+    "testbed scorecard --scenarios": SC_CLI,
+    "testbed scorecard --seeds": SC_CLI,
+    "testbed scorecard --no-hindsight": (SC_CLI, SC_FLAGS),
+    "testbed scorecard --out": SC_CLI,
+    "testbed scorecard --jobs": SC_FLAGS,
+    "testbed scorecard --quiet": SC_FLAGS,
+    "testbed scorecard --cache": (
+        SC_FLAGS,
+        SC + "test_the_cache_gives_back_the_same_rows_and_only_for_library_runs",
+    ),
+    "testbed scorecard --no-cache": SC_CLI,
     "testbed sweep --set": (SWEEP + "test_the_grid_is_the_product_of_the_axes", SWEEP_CLI),
     "testbed sweep --out": SWEEP_CLI,
     "testbed sweep --jobs": (SWEEP_CLI, SWEEP + "test_a_pool_gives_the_same_rows_as_one_process"),

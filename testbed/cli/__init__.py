@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    from testbed.cli import link, plan, profile, run, sweep, up, verify
+    from testbed.cli import hindsight, link, plan, profile, run, scorecard, sweep, up, verify
 
     plan.add_parser(sub)
     run.add_parser(sub)
@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_parser(sub)
     profile.add_parser(sub)
     sweep.add_parser(sub)
+    hindsight.add_parser(sub)
+    scorecard.add_parser(sub)
     return parser
 
 

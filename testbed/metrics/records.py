@@ -30,8 +30,11 @@ __all__ = [
 ]
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestRecord:
+    """One request's record (requests.jsonl). Slotted: a 10K-GPU simulated hour keeps a million
+    of them, 0.6 KB each with slots against 1.9 KB with a __dict__ (bench/sim_scale.py)."""
+
     id: str
     input_tokens: int
     output_tokens: int

@@ -209,13 +209,17 @@ def run_grid(
     jobs: int = 1,
     ray_address: str | None = None,
     on_row: Callable[[int, dict[str, Any]], None] | None = None,
+    fn: Callable[[Cell], dict[str, Any]] = run_cell,
 ) -> list[dict[str, Any]]:
-    """Every cell's row, in grid order, from a process pool or a Ray cluster."""
+    """Every cell's row, in grid order, from a process pool or a Ray cluster.
+
+    `fn` makes a cell's row (default `run_cell`); presets of the sweep (`testbed hindsight`,
+    `testbed scorecard`) pass their own, a module-level function so a worker can unpickle it."""
     cell_scenario(todo[0])  # a bad --set fails here, once, before any worker starts
     if ray_address is not None:
         from testbed.scenario.sweep_ray import run_on_ray
 
-        rows = run_on_ray(todo, ray_address, run_cell)
+        rows = run_on_ray(todo, ray_address, fn)
         for i, row in enumerate(rows):
             if on_row is not None:
                 on_row(i, row)
@@ -223,12 +227,12 @@ def run_grid(
     results: list[dict[str, Any] | None] = [None] * len(todo)
     if jobs <= 1:
         for i, cell in enumerate(todo):
-            results[i] = run_cell(cell)
+            results[i] = fn(cell)
             if on_row is not None:
                 on_row(i, results[i])  # type: ignore[arg-type]
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(run_cell, cell): i for i, cell in enumerate(todo)}
+            futures = {pool.submit(fn, cell): i for i, cell in enumerate(todo)}
             from concurrent.futures import as_completed
 
             for fut in as_completed(futures):

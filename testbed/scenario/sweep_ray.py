@@ -6,6 +6,7 @@ cluster's workers need this package importable (the same virtualenv on a local c
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -26,9 +27,30 @@ def run_on_ray(
         raise UserError(
             "--ray needs Ray: pip install 'prfaas-testbed[ray]' (or run without --ray)"
         ) from None
+    _probe(address)
     try:
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     except Exception as exc:  # ConnectionError, ValueError, RuntimeError, by Ray version
         raise UserError(f"--ray {address}: cannot join the cluster: {exc}") from None
     remote = ray.remote(run_cell)
     return list(ray.get([remote.remote(cell) for cell in todo]))
+
+
+PROBE_TIMEOUT_S = 5.0
+
+
+def _probe(address: str) -> None:
+    """Fail in one line when nothing listens at a host:port address: ray.init waits a minute
+    or more for the cluster's GCS there, then exits the process instead of raising."""
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return  # "auto", "local" and the like: Ray resolves those itself
+    try:
+        with socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise UserError(
+            f"--ray {address}: cannot join the cluster: nothing answers at {host}:{port} "
+            f"({exc.strerror or exc})"
+        ) from None

@@ -72,19 +72,20 @@ class _VirtualSelector(selectors.BaseSelector):
 
 class _Timer(asyncio.TimerHandle):
     """A timer ordered by (time, order set): timers due at the same instant run first in,
-    first out, as a reader of the models expects (heapq alone would not keep that order)."""
+    first out, as a reader of the models expects (heapq alone would not keep that order).
+    Every timer of the virtual loop is one of these (call_at makes them), so the comparison
+    reads the key without an isinstance check: the heap compares timers ~120 times a request
+    at 10,000 instances."""
 
-    __slots__ = ("_seq",)
+    __slots__ = ("_key",)
 
     def __init__(self, when: float, seq: int, callback: Callable[..., object], args: Any,
                  loop: asyncio.AbstractEventLoop, context: Any) -> None:  # fmt: skip
         super().__init__(when, callback, args, loop, context)
-        self._seq = seq
+        self._key = (when, seq)
 
     def __lt__(self, other: object) -> bool:
-        if isinstance(other, _Timer):
-            return (self._when, self._seq) < (other._when, other._seq)  # type: ignore[attr-defined]
-        return NotImplemented
+        return self._key < other._key  # type: ignore[attr-defined]
 
 
 class VirtualLoop(asyncio.SelectorEventLoop):

@@ -110,3 +110,67 @@ def test_resets_exhaust_the_senders_retries() -> None:
 
     done = _run(script)
     assert "retries exhausted" in done["a"]
+
+
+def _mixed_run(fast: bool, seed: int) -> dict[str, Any]:
+    """Many layer-wise transfers (some overlapping enough to congest the link), a few prefix
+    pulls with all their bytes there, a cancel and a bandwidth change."""
+    import random
+
+    rng = random.Random(seed)
+
+    async def main() -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        done: dict[str, Any] = {}
+        link = SimLink(loop, bandwidth=1 * GB, rtt=0.01, jitter=0.002, seed=3, fast=fast)
+        samples: list[float] = []
+        cancelled = None
+        for i in range(300):
+            await asyncio.sleep(rng.expovariate(20.0))
+            flow = _flow(done, f"f{i}", rng.uniform(0.001, 0.06) * GB)
+            if i % 50 == 7:
+                link.start(flow)  # a prefix pull: all its bytes there
+            else:
+                link.start(flow, duration=rng.uniform(0.05, 1.5))
+            if i == 100:
+                cancelled = flow
+            if i == 120 and cancelled is not None:
+                link.cancel(cancelled)
+            if i == 200:
+                link.set_bandwidth(0.5 * GB)
+            samples.append(link.carried())
+            samples.append(link.acked(f"f{i - 1}"))
+        await asyncio.sleep(1000)
+        done["samples"] = samples
+        done["delivered"] = link.carried()
+        return done
+
+    return run_virtual(main())
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_fast_mode_times_flows_as_the_general_water_filling(seed: int) -> None:
+    fast, slow = _mixed_run(True, seed), _mixed_run(False, seed)
+    assert fast.keys() == slow.keys()
+    for key in fast:
+        if key == "samples":
+            assert fast[key] == pytest.approx(slow[key], rel=1e-6, abs=1.0)
+        elif isinstance(slow[key], float):
+            assert fast[key] == pytest.approx(slow[key], rel=1e-9, abs=1e-6), key
+        else:
+            assert fast[key] == slow[key], key
+
+
+def test_an_uncongested_link_runs_each_flow_with_its_producer() -> None:
+    async def script(loop: Any, link: SimLink, done: dict[str, Any]) -> None:
+        link.start(_flow(done, "a", 0.3 * GB), duration=1.0)
+        link.start(_flow(done, "b", 0.3 * GB), duration=2.0)
+        assert link._fast  # both fit: no re-sharing among flows
+        await asyncio.sleep(0.5)
+        assert link.carried() == pytest.approx(0.15 * GB + 0.075 * GB)
+        link.start(_flow(done, "c", 2 * GB))  # all there: takes what is left
+        assert not link._fast
+
+    done = _run(script)
+    assert done["a"] == pytest.approx(1.0)
+    assert done["b"] == pytest.approx(2.0)
