@@ -66,6 +66,7 @@ class Registry(Mapping[str, T]):
         """Entry-point group of outside entries (a name there, or `module:Attr`, loads one)."""
         self._entries: dict[str, T] = {}
         self._plugin_names: set[str] = set()
+        self._resolvers: list[Callable[[str], T | None]] = []
         self._discovered = False
 
     # ------------------------------------------------------------------------- registering
@@ -113,6 +114,10 @@ class Registry(Mapping[str, T]):
         entry = self._entries.get(name)
         if entry is not None:
             return entry
+        for resolve in self._resolvers:  # names that describe their entry (a policy's URL)
+            made = resolve(name)
+            if made is not None:
+                return self.add_plugin(name, made)
         if self.plugins is not None:
             found = load_plugin(self, name)
             if found is not None:
@@ -120,6 +125,13 @@ class Registry(Mapping[str, T]):
         known = ", ".join(sorted({*self._entries, *plugin_names(self)}))
         how = " (or an outside one as module:Class)" if self.plugins else ""
         raise UnknownName(f"unknown {self.family} {name!r}; known: {known}{how}")
+
+    def add_resolver(self, resolve: Callable[[str], T | None]) -> None:
+        """Let `resolve(name)` make an entry for a name no module registered (None: not one of
+        its names); a module of the package adds one when it is discovered, as the HTTP policy
+        does for `http://...` (testbed.policy.http). What it makes is kept as a plugin."""
+        if resolve not in self._resolvers:
+            self._resolvers.append(resolve)
 
     def is_plugin(self, name: str) -> bool:
         """Whether `name` was loaded from outside the package (module:Class, an entry point)."""

@@ -51,6 +51,9 @@ ROUTER = "tests/services/test_router_spec_fields.py::"
 CLI = "tests/cli/test_cli_flags.py::"
 UP = "tests/cli/test_cli_up.py::"
 PREDICT = "tests/policy/test_predict.py::"
+BYOS_HTTP = "tests/policy/test_policy_http.py::"
+BYOS_FAULTS = "tests/policy/test_policy_faults.py::"
+BYOS_CHAOS = "tests/chaos/test_byos.py::"
 
 PLAYER = "tests/chaos/test_checkers_scenario.py::test_player_records_every_phase_and_survives_a_failing_fault"
 REGISTERED = (
@@ -244,6 +247,25 @@ FIELDS: dict[str, Tests] = {
     + "test_triage_slack_bounds_how_much_later_the_lighter_option_may_be",
     "PredictConfig.recount_s": PREDICT
     + "test_count_queued_kv_and_recount_s_decide_what_counts_as_ahead",
+    "PolicyConfig.kind": BYOS_HTTP + "test_scenario_kind_http_names_the_policy_by_its_url",
+    "PolicyConfig.url": (
+        BYOS_HTTP + "test_scenario_kind_http_names_the_policy_by_its_url",
+        BYOS_FAULTS + "test_a_scenario_owns_its_scheduler_on_the_sim",
+    ),
+    "PolicyConfig.timeout": (
+        BYOS_HTTP + "test_scenario_kind_http_names_the_policy_by_its_url",
+        BYOS_HTTP + "test_a_slow_service_falls_back_within_the_timeout",
+    ),
+    "PolicyConfig.fallback": (
+        BYOS_HTTP + "test_scenario_kind_http_names_the_policy_by_its_url",
+        BYOS_HTTP + "test_a_policy_url_is_a_policy_with_its_fallbacks_facts",
+    ),
+    "PolicyConfig.command": (
+        BYOS_FAULTS + "test_a_scenario_owns_its_scheduler_on_the_sim",
+        BYOS_CHAOS + "test_killing_the_scheduler_loses_nothing",
+    ),
+    "PolicyConfig.debug_validate": BYOS_FAULTS
+    + "test_debug_validate_checks_answers_against_the_schemas",
     "PlannerConfig.threshold_step": PREP + "test_threshold_step_is_the_planners_grid",
     "ShortTermConfig.interval": SHORT_LOOP,
     "ShortTermConfig.replan_change": (
@@ -336,6 +358,27 @@ FIELDS: dict[str, Tests] = {
     "PauseAction.for_": (ACT + "test_process_faults_act_on_their_planned_targets", PLAYER),
     "RestartAction.action": (ACT + "test_process_faults_act_on_their_planned_targets", REGISTERED),
     "BurstAction.action": (ACT + "test_burst_at_for_and_multiplier", REGISTERED),
+    "SchedulerKillAction.action": (
+        BYOS_FAULTS + "test_scheduler_faults_act_on_the_owned_scheduler",
+        REGISTERED,
+    ),
+    "SchedulerPauseAction.action": (
+        BYOS_FAULTS + "test_scheduler_faults_act_on_the_owned_scheduler",
+        REGISTERED,
+    ),
+    "SchedulerPauseAction.for_": (
+        BYOS_FAULTS + "test_scheduler_faults_need_their_window_and_an_owned_scheduler",
+        BYOS_CHAOS + "test_a_slow_then_paused_scheduler_falls_back_in_time",
+    ),
+    "SchedulerSlowAction.action": (
+        BYOS_FAULTS + "test_scheduler_faults_act_on_the_owned_scheduler",
+        REGISTERED,
+    ),
+    "SchedulerSlowAction.for_": (
+        BYOS_FAULTS + "test_scheduler_faults_need_their_window_and_an_owned_scheduler",
+        BYOS_CHAOS + "test_a_slow_then_paused_scheduler_falls_back_in_time",
+    ),
+    "SchedulerSlowAction.delay": BYOS_FAULTS + "test_scheduler_faults_act_on_the_owned_scheduler",
     "BurstAction.for_": ACT + "test_burst_at_for_and_multiplier",
     "BurstAction.multiplier": ACT + "test_burst_at_for_and_multiplier",
     # --- checkers (`check` is the tag that picks the checker)
@@ -351,6 +394,9 @@ FIELDS: dict[str, Tests] = {
     "RecoverCheck.within": CHECK + "test_recover_fault_within_ttft_and_streak",
     "RecoverCheck.ttft": CHECK + "test_recover_fault_within_ttft_and_streak",
     "RecoverCheck.streak": CHECK + "test_recover_fault_within_ttft_and_streak",
+    "FallbackCheck.check": BYOS_FAULTS + "test_fallback_check_passes_lost_slow_and_vacuous",
+    "FallbackCheck.fault": BYOS_FAULTS + "test_fallback_check_passes_lost_slow_and_vacuous",
+    "FallbackCheck.max_decision": BYOS_FAULTS + "test_fallback_check_passes_lost_slow_and_vacuous",
     "RerouteCheck.check": CHECK + "test_reroute_fault_and_within",
     "RerouteCheck.fault": CHECK + "test_reroute_fault_and_within",
     "RerouteCheck.within": CHECK + "test_reroute_fault_and_within",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from testbed.config.base import Duration, PositiveDuration, StrictModel, Tokens
 
@@ -103,12 +103,61 @@ class PredictConfig(StrictModel):
 
 
 class PolicyConfig(StrictModel):
+    """The policy: a name (built-in, `module:Class`, entry point), or `kind: http`, a service
+    answering the decision protocol (docs/policy-protocol.md). For `kind: http` the config
+    writes `name` itself, as the URL with its settings in the fragment
+    (`http://host:port/route#timeout=50ms&fallback=naive`): that one string is what every
+    other part of the testbed (and `--policy`) calls the policy."""
+
+    kind: Literal["python", "http"] = "python"
     name: str = "prfaas-static"
     threshold: Tokens | Literal["auto"] = "auto"
     short_term: ShortTermConfig = Field(default_factory=lambda: ShortTermConfig())
     long_term: LongTermConfig = Field(default_factory=lambda: LongTermConfig())
     predict: PredictConfig = Field(default_factory=lambda: PredictConfig())
     """Knobs of `prfaas-predict` (ignored by the other policies)."""
+    url: str | None = None
+    """kind http: where decisions are posted (POST), e.g. http://127.0.0.1:9000/route."""
+    timeout: PositiveDuration = 0.020
+    """kind http: wall-clock budget of one decision; past it the fallback decides."""
+    fallback: str = "prfaas-static"
+    """kind http: the built-in policy that decides when the service fails."""
+    command: list[str] | None = None
+    """kind http: the scenario owns the service: this command is started before the run (its
+    output goes to the results directory) and stopped after it; `url` must be where it serves."""
+    debug_validate: bool = False
+    """kind http: check every message against the JSON Schemas (slow; needs jsonschema)."""
+
+    @model_validator(mode="after")
+    def _http(self) -> PolicyConfig:
+        if self.kind == "python":
+            # a value other than the default (a dumped config carries the defaults back)
+            extra = [
+                f
+                for f in ("url", "command", "timeout", "fallback", "debug_validate")
+                if getattr(self, f) != type(self).model_fields[f].default
+            ]
+            if extra:
+                raise ValueError(f"{', '.join(extra)}: only for kind: http")
+            return self
+        if self.url is None:
+            raise ValueError("kind: http needs url (where the service answers decisions)")
+        if not self.url.startswith(("http://", "https://")) or "#" in self.url:
+            raise ValueError(f"url {self.url!r}: write it as http://host:port/path")
+        if self.command is not None and not self.command:
+            raise ValueError("command: give the program and its arguments, or leave it out")
+        frag = []
+        if self.timeout != 0.020:
+            frag.append(f"timeout={self.timeout * 1e3:g}ms")
+        if self.fallback != "prfaas-static":
+            frag.append(f"fallback={self.fallback}")
+        if self.debug_validate:
+            frag.append("validate=1")
+        spec = self.url + ("#" + "&".join(frag) if frag else "")
+        if "name" in self.model_fields_set and self.name != spec:
+            raise ValueError("name does not apply to kind: http (the url names the policy)")
+        object.__setattr__(self, "name", spec)  # frozen model: set once, while validating
+        return self
 
 
 class PlannerConfig(StrictModel):

@@ -91,6 +91,15 @@ class RequestRecord:
     """Longest inter-token gap the router saw (real-world seconds)."""
     itl_std: float | None = None
     """Standard deviation of the inter-token gaps (real-world seconds); their mean is `itl`."""
+    decided_by: str | None = None
+    """Who chose the route of the last attempt: "policy", or "fallback" when the policy failed
+    (an exception, a timeout, an impossible route; testbed.policy.decider). None: never routed."""
+    fallback_reason: str | None = None
+    """Why the fallback decided ("timeout: ...", "unknown-instance: ...")."""
+    decision_wall_s: float | None = None
+    """Wall seconds the last routing decision took (HTTP round trip included). None on the sim,
+    whose records stay the same for the same seed: its `decisions` history event summarises
+    them instead."""
 
     @property
     def ttft(self) -> float | None:

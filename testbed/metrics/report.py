@@ -48,6 +48,7 @@ _COMPUTED = {
     "engine",
     "policy_thresholds",
     "faults",
+    "decisions",
     "checks",  # the runner stores checker results in summary.json too; shown under Checks
 }
 
@@ -122,6 +123,32 @@ def _prefix_cache_section(cache: dict[str, Any] | None) -> list[str]:
 
 _RESULT = {"ok": "PASS", "failed": "**FAIL**", "vacuous": "VACUOUS"}
 """The result column of the checks table, by verdict."""
+
+
+def _decisions_section(summary: dict[str, Any]) -> list[str]:
+    """Who routed and how fast (testbed.policy.decider): decision latency percentiles, and
+    the fallback's decisions by reason when a plugin or an HTTP policy failed."""
+    d = summary.get("decisions")
+    if not d or not d["routed"]:
+        return []
+    lines = ["", "## Decisions", ""]
+    by, wall, real = d["by"], d["latency_wall_ms"], d["latency_real_ms"]
+    sim = summary.get("substrate") == "sim"
+    lines.append(
+        f"{by['policy']} routed by the policy, {by['fallback']} by the fallback"
+        + (f" (first reason: {d['first_fallback_reason']})" if by["fallback"] else "")
+        + "."
+    )
+    if d["fallback_reasons"]:
+        reasons = [[k, _num(v)] for k, v in d["fallback_reasons"].items()]
+        lines += ["", *_table(["fallback reason", "requests"], reasons)]
+    rows = [["wall", *(_num(wall[k], " ms") for k in ("p50", "p90", "p99", "max"))]]
+    if not sim:
+        rows.append(["real-world", *(_num(real[k], " ms") for k in ("p50", "p90", "p99", "max"))])
+    lines += ["", "Decision latency" + (" (the sim charges no virtual time for it)" if sim else
+              " (real-world = wall x time_scale)") + ":", ""]  # fmt: skip
+    lines += _table(["", "p50", "p90", "p99", "max"], rows)
+    return lines
 
 
 def _checks_verdict(checks: Sequence[CheckResult]) -> str:
@@ -225,6 +252,7 @@ def render_report(
         lines.append("No requests.")
 
     lines += _prefix_cache_section(summary.get("prefix_cache"))
+    lines += _decisions_section(summary)
     link = summary["link"]
     lines += ["", "## Link", ""]
     if link["samples"]:

@@ -35,10 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from testbed.clock import Scale
+from testbed.clock import LiveClock, Scale
 from testbed.config import SloConfig
 from testbed.metrics.bench import DEFAULT_PERCENTILES, benchmark, latency_sections
 from testbed.metrics.records import HistoryEvent, RequestRecord
+from testbed.policy.decider import wall_percentiles_ms
 from testbed.units import format_size
 
 __all__ = [
@@ -324,12 +325,58 @@ def summarize(
             "last": thresholds[-1] if thresholds else None,
         },
         "faults": [{"t": e.t, **e.data} for e in history if e.kind == "fault"],
+        "decisions": decisions(records, history, scale),
     }
     for key, value in (extra or {}).items():
         if key in summary:
             raise ValueError(f"extra key {key!r} would overwrite a computed summary field")
         summary[key] = value
     return summary
+
+
+def decisions(
+    records: list[RequestRecord], history: list[HistoryEvent], scale: Scale
+) -> dict[str, Any]:
+    """Who routed (policy or fallback), why the fallback did, and how long a decision took:
+    wall milliseconds, and real-world ones (wall x time_scale: what the emulated deployment
+    waited; a sim decision takes no virtual time, so there only the wall figure means much).
+    One latency per routed request (its last attempt's decision; testbed.policy.decider)."""
+    routed = [r for r in records if r.decided_by is not None]
+    by = Counter(r.decided_by for r in routed)
+    reasons = Counter(
+        (r.fallback_reason or "error").split(":", 1)[0]
+        for r in routed
+        if r.decided_by == "fallback"
+    )
+    wall = wall_percentiles_ms([r.decision_wall_s for r in routed if r.decision_wall_s is not None])
+    for e in history:  # the sim keeps them off the records (same seed, same requests.jsonl)
+        if e.kind == "decisions" and not wall["n"]:
+            wall = dict(e.data["wall_ms"])
+    clock = LiveClock.paced(scale)
+    first = next((r.fallback_reason for r in routed if r.decided_by == "fallback"), None)
+    return {
+        "routed": len(routed),
+        "by": {"policy": by.get("policy", 0), "fallback": by.get("fallback", 0)},
+        "fallback_reasons": dict(sorted(reasons.items())),
+        "first_fallback_reason": first,
+        "latency_wall_ms": wall,
+        "latency_real_ms": {
+            k: (v if k == "n" or v is None else clock.real(v)) for k, v in wall.items()
+        },
+    }
+
+
+def _decisions_text(summary: dict[str, Any]) -> list[str]:
+    """One console line when a fallback decided anything (a plugin or an HTTP policy)."""
+    d = summary.get("decisions")
+    if not d or not d["by"]["fallback"]:
+        return []
+    why = ", ".join(f"{k} {v}" for k, v in d["fallback_reasons"].items())
+    lat = d["latency_wall_ms"]
+    return [
+        f"decisions: {d['by']['policy']} by the policy, {d['by']['fallback']} by the fallback "
+        f"({why}); decision p50 {_fmt(lat['p50'], ' ms')} p99 {_fmt(lat['p99'], ' ms')} wall"
+    ]
 
 
 def _fmt(v: float | None, unit: str = "s", digits: int = 3) -> str:
@@ -373,6 +420,7 @@ def to_text(summary: dict[str, Any]) -> str:
         f"peak {_fmt(link['peak_gbps'], ' Gbps')}"
         + (f"; shaper {link['shaper']}" if link.get("shaper") else ""),
         *_cache_text(summary),
+        *_decisions_text(summary),
         f"(real-world units; simulated in virtual time, byte_scale {scale['bytes']:g})"
         if summary.get("substrate") == "sim"
         else f"(real-world units; time_scale {scale['time']:g}, byte_scale {scale['bytes']:g})",

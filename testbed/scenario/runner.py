@@ -31,6 +31,7 @@ from testbed.metrics.files import Journal, write_jsonl_atomic
 from testbed.metrics.records import HistoryEvent, JournaledHistory, RequestRecord
 from testbed.nemesis import NemesisPlayer, stop_player
 from testbed.policy import get_policy
+from testbed.scenario.outside import OwnedScheduler, start_owned_scheduler
 from testbed.scenario.plan import Progress, RunOptions, RunPlan, RunResult
 from testbed.scenario.results import write_results
 from testbed.scenario.signals import stop_signals
@@ -81,6 +82,7 @@ class _Run:
         self.services: dict[str, ServiceHandle] = {}
         self.router: ServiceHandle | None = None
         self.link: LinkSetup | None = None
+        self.scheduler: OwnedScheduler | None = None  # policy.command's (scenario.outside)
         self.records: dict[str, RequestRecord] = {}
         self.record_journal: Journal | None = None
         self.history = JournaledHistory()
@@ -140,6 +142,7 @@ class _Run:
 
     async def start(self) -> None:
         dep = self.rp.deployment
+        self.scheduler = await start_owned_scheduler(self.rp, self.opts.out_dir)
         # The torch engine has no role-switchable service yet: its runs keep the split.
         switchable = (
             get_policy(self.rp.policy).long_term
@@ -218,7 +221,7 @@ class _Run:
             for d in decoders
         ]
         router_spec = self._spec("router", "router", "local", dep.local.hardware)
-        router_spec.policy = self.rp.policy
+        router_spec.policy = self.scheduler.router_spec if self.scheduler else self.rp.policy
         router_spec.policy_config = self.rp.scenario.policy
         router_spec.threshold_tokens = self.rp.threshold_tokens
         router_spec.instances = instances
@@ -240,6 +243,8 @@ class _Run:
 
     async def shutdown(self) -> None:
         await self.substrate.stop_all()
+        if self.scheduler is not None:
+            await self.scheduler.stop()
 
     # ------------------------------------------------------------------ load generation
 

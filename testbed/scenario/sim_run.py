@@ -9,6 +9,7 @@ import time
 
 from testbed.clock import Scale
 from testbed.metrics.files import write_jsonl_atomic
+from testbed.policy.http import HttpSpec, SchedulerProcess, is_http_spec
 from testbed.scenario.plan import RunOptions, RunPlan, RunResult
 from testbed.scenario.results import write_results
 from testbed.sim import SimInputs, simulate
@@ -55,9 +56,18 @@ def run_sim(rp: RunPlan, opts: RunOptions, started: float | None = None) -> RunR
     `started` is the perf_counter reading when the command began (for `wall.total_s`)."""
     begun = time.perf_counter() if started is None else started
     opts.out_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    out = simulate(sim_inputs(rp, opts))
-    simulate_s = time.perf_counter() - t0
+    owned = rp.scenario.policy.command if rp.policy == rp.scenario.policy.name else None
+    process = None
+    if owned is not None and is_http_spec(rp.policy):  # the scenario owns the scheduler
+        process = SchedulerProcess(owned, HttpSpec.parse(rp.policy).url, opts.out_dir)
+        process.start()
+    try:
+        t0 = time.perf_counter()
+        out = simulate(sim_inputs(rp, opts))
+        simulate_s = time.perf_counter() - t0
+    finally:
+        if process is not None:
+            process.stop()
     write_jsonl_atomic(opts.out_dir / "history.jsonl", (e.to_json() for e in out.history))
     return write_results(
         rp,

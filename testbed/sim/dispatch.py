@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from testbed.clock import Clock
 from testbed.kvcache.manager import CacheLookup, CachePlan, KVCacheManager, plan_request
 from testbed.metrics.records import RequestRecord
-from testbed.policy.base import Policy, RequestView, Route
+from testbed.policy.base import RequestView, Route
+from testbed.policy.decider import Decider
 from testbed.profiles import ModelProfile
 from testbed.scheduler.loops import ControlLoops
 from testbed.services.kv_expect import REGISTER_TIMEOUT_S
@@ -99,7 +100,7 @@ class SimDispatcher:
     def __init__(
         self,
         cluster: SimCluster,
-        policy: Policy,
+        decider: Decider,
         cache: KVCacheManager | None,
         control: ControlLoops | None,
         byte_scale: float,
@@ -108,7 +109,12 @@ class SimDispatcher:
     ) -> None:
         self.cluster = cluster
         self.loop = cluster.loop
-        self.policy = policy
+        self.decider = decider
+        """The policy behind the shared failure semantics (policy.decider): a decision takes no
+        virtual time; its wall latency goes on the record."""
+        self.policy = decider.policy
+        self.decision_walls: list[float] = []
+        """Wall seconds of each decision (the run's `decisions` history event summarises them)."""
         self.cache = cache
         self.control = control
         self.byte_scale = byte_scale
@@ -150,6 +156,7 @@ class SimDispatcher:
             rec.status, rec.failure_reason = "failed", failure
         self.in_flight.pop(rec.id, None)
         self.on_record(rec)
+        self.decider.on_record(rec)
 
     def _kv_wire_bytes(self, kv_tokens: int) -> int:
         n = self._sizes.get(kv_tokens)
@@ -179,7 +186,7 @@ class SimDispatcher:
         if self.control is not None and req.attempt == 0 and req.route_deadline is None:
             self.control.observe(rec.arrival, self._routed_length(view))
         try:
-            route = self.policy.decide(view, self.cluster.snapshot(frozenset(req.exclude)))
+            decision = self.decider.decide(view, self.cluster.snapshot(frozenset(req.exclude)))
         except (LookupError, ValueError) as exc:
             now = self.loop.time()
             if req.route_deadline is None:
@@ -194,7 +201,9 @@ class SimDispatcher:
             self.loop.call_later(self.no_route_poll, self._try, req)
             return
         req.route_deadline = None
-        self._dispatch(req, route, look)
+        decision.write(rec, wall=False)  # wall times would make requests.jsonl differ per run
+        self.decision_walls.append(decision.wall_s)
+        self._dispatch(req, decision.route, look)
 
     def _dispatch(self, req: SimRequest, route: Route, look: CacheLookup) -> None:
         rec = req.rec

@@ -25,7 +25,8 @@ from testbed.config import (
 from testbed.kvcache.manager import KVCacheManager, cluster_capacities
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.nemesis import NemesisPlayer, PlannedFault, stop_player
-from testbed.policy import get_policy, make_policy
+from testbed.policy import get_policy
+from testbed.policy.decider import Decider, wall_percentiles_ms
 from testbed.profiles import MODELS
 from testbed.scheduler.cluster import Role
 from testbed.scheduler.loops import ControlLoops
@@ -175,7 +176,7 @@ async def _run(inp: SimInputs) -> SimOutput:
 
     dispatcher = SimDispatcher(
         cluster,
-        make_policy(inp.policy, inp.policy_config),
+        Decider.for_spec(inp.policy, inp.policy_config),
         cache,
         control,
         inp.scale.byte_scale,
@@ -232,6 +233,9 @@ async def _run(inp: SimInputs) -> SimOutput:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+        dispatcher.decider.close()
+    walls = wall_percentiles_ms(dispatcher.decision_walls)
+    history.append(HistoryEvent(loop.time(), "decisions", {"wall_ms": walls}))
     _engine_events(instances, history, loop.time())
     history.sort(key=lambda e: e.t)
     ordered = [records[i] for i in submitted if i in records]

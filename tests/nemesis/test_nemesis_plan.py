@@ -103,7 +103,12 @@ PROCESS_ACTIONS = sorted(n for n, f in ACTIONS.items() if issubclass(f.config, P
 def test_the_registry_sorts_every_action_into_its_kind_of_target() -> None:
     assert LINK_ACTIONS == ["bandwidth", "latency", "partition", "reset_peer", "slow_close"]
     assert PROCESS_ACTIONS == ["kill", "pause", "restart"]
-    assert set(ACTIONS) - set(LINK_ACTIONS) - set(PROCESS_ACTIONS) == {"burst"}
+    assert set(ACTIONS) - set(LINK_ACTIONS) - set(PROCESS_ACTIONS) == {
+        "burst",
+        "scheduler-kill",
+        "scheduler-pause",
+        "scheduler-slow",
+    }  # bursts add arrivals; the scheduler faults act on the owned scheduler (policy.command)
 
 
 SAMPLE: dict[str, dict[str, Any]] = {

@@ -24,9 +24,9 @@ from testbed.clock import LiveClock, Scale
 from testbed.kvcache.manager import CacheLookup, CachePlan, KVCacheManager, plan_request
 from testbed.metrics.prometheus import RouterMetrics
 from testbed.metrics.records import RequestRecord, TokenTimer
-from testbed.policy import make_policy
 from testbed.policy.base import CostModel, LinkView, RequestView, Route, Snapshot
 from testbed.policy.book import BookEntry, LoadBook
+from testbed.policy.decider import Decider, Decision
 from testbed.profiles import MODELS, ModelProfile
 from testbed.scheduler.cluster import Role, SenderCounters
 from testbed.scheduler.loops import ControlLoops
@@ -89,7 +89,9 @@ class RouterState:
         self.scale = Scale.of(spec)
         self.model = MODELS[spec.model]
         self.engine = engine_requests(spec)
-        self.policy = make_policy(spec.policy, spec.policy_config)
+        self.decider = Decider.for_spec(spec.policy, spec.policy_config)
+        """The policy behind the shared failure semantics (fallback, latency; policy.decider)."""
+        self.policy = self.decider.policy
         self.instances = {i.id: role_view(i, i.role) if i.switchable else i for i in spec.instances}
         """The router's view of every instance; a switchable PD instance's entry follows its
         role (role_view)."""
@@ -154,6 +156,7 @@ class RouterState:
             self._workers = HttpWorkers(self.session, self.spec.request_timeout_s)
 
     async def aclose(self) -> None:
+        await self.decider.aclose()
         if self.session is not None:
             await self.session.close()
 
@@ -278,6 +281,7 @@ class RouterState:
             timer.write(rec)
             self.metrics.finished(rec, started=timer.chunks > 0)
             seq = self.record_log.append(rec)
+            self.decider.on_record(rec)
         await self.record_log.wait_kept(seq)  # on disk before the client sees the end
         return rec
 
@@ -319,7 +323,9 @@ class RouterState:
         )  # fmt: skip
         if self.control is not None and attempt == 0:
             self.control.observe(rec.arrival, self._routed_length(view))
-        route = await self._route(view, exclude)
+        decision = await self._route(view, exclude)
+        route = decision.route
+        decision.write(rec)
         prefill = self.instances[route.prefill_instance]
         decode = self.instances[route.decode_instance]
         rec.route = route.prefill_cluster
@@ -472,7 +478,7 @@ class RouterState:
         self.cache.insert(cluster, self.hash_ids.get(rec.id, ()), plan.reused_tokens)
         return plan
 
-    async def _route(self, view: RequestView, exclude: frozenset[str]) -> Route:
+    async def _route(self, view: RequestView, exclude: frozenset[str]) -> Decision:
         """The policy's route; when no instance can take the request (all down or excluded),
         wait up to `no_route_wait_s` for one to come back (restarted workers rejoin through
         /health), no longer avoiding instances that are healthy again."""
@@ -480,7 +486,7 @@ class RouterState:
         deadline = time.monotonic() + wait
         for _ in range(int(wait / poll) + 2):
             try:
-                return self.policy.decide(view, self.snapshot(exclude))
+                return await self.decider.adecide(view, self.snapshot(exclude))
             except (LookupError, ValueError) as exc:
                 if time.monotonic() >= deadline:
                     raise RequestError(f"no route: {exc}") from None
