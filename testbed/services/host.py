@@ -15,8 +15,9 @@ import sys
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from pydantic import TypeAdapter
 
-from testbed.config.profiles import register_profile
+from testbed.config.profiles import ProfileFile, register_profile
 from testbed.lifeline import die_with_parent
 from testbed.services.spec import ServiceSpec
 from testbed.serving import DEFAULT_LIMITS, ServingLimits, start_http
@@ -82,11 +83,13 @@ def _factory(role: str) -> AppFactory:
 
 def load_spec(text: str) -> ServiceSpec:
     """The service's spec, with the scenario's own profiles registered before anything looks a
-    model or hardware up by name."""
-    spec = ServiceSpec.model_validate_json(text)
-    for doc in spec.profiles:
+    model or hardware up by name: the profiles first, since validating the rest of the spec
+    (the router's scheduler section names the deployment's model and hardware) looks them up."""
+    raw = json.loads(text)
+    docs = raw.get("profiles") if isinstance(raw, dict) else None
+    for doc in TypeAdapter(list[ProfileFile]).validate_python(docs or []):
         register_profile(doc)
-    return spec
+    return ServiceSpec.model_validate(raw)
 
 
 def main(argv: list[str] | None = None) -> int:

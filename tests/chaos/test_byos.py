@@ -45,21 +45,10 @@ def with_changes(sc: Scenario, **changes: Any) -> Scenario:
     return Scenario.model_validate(doc)
 
 
-USER_PROFILES = pytest.mark.xfail(
-    reason="the live router refuses a scheduler spec on user profiles: any replanning policy "
-    "(least-ttft, or --policy prfaas) fails custom-profile at start-up; not the plugin's",
-    strict=False,
-)
-
-
 @pytest.mark.parametrize("form", ["plugin", "http"])
 @pytest.mark.parametrize(
     "name",
-    [
-        pytest.param(n, marks=USER_PROFILES) if n == "custom-profile" else n
-        for n in LIBRARY
-        if n not in TORCH_SCENARIOS
-    ],
+    [n for n in LIBRARY if n not in TORCH_SCENARIOS],
 )
 async def test_example_scheduler_runs_the_short_scenarios(
     name: str, form: str, tmp_path: Path

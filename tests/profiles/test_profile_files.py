@@ -4,6 +4,8 @@ engines and every service process of a run."""
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from testbed.profiles import HARDWARE, MODELS
 from testbed.scenario.library import LIBRARY_DIR
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.schema import load_scenario
+from testbed.scheduler.spec import SchedulerSpec
 from testbed.services.host import load_spec
 from testbed.services.spec import ServiceSpec
 
@@ -133,6 +136,42 @@ def test_services_register_the_profiles_their_spec_carries() -> None:
     loaded = load_spec(spec.model_dump_json())
     assert loaded.profiles == [d]
     assert MODELS[name].decode["testhw"].step_time(1) == pytest.approx(0.021)
+
+
+def test_a_router_spec_whose_scheduler_names_user_profiles_loads_in_a_fresh_process(
+    tmp_path: Path,
+) -> None:
+    """The router's scheduler section names the deployment's model and hardware, so the spec's
+    profiles must be registered before that section is validated (a replanning policy on a
+    user profile used to stop the router at start-up: "unknown model profile")."""
+    sc = load_scenario(LIBRARY_DIR / "custom-profile.yaml")
+    dep = sc.deployments["prfaas-pd"]
+    spec = ServiceSpec(
+        role="router",
+        id="router",
+        model=dep.model,
+        profiles=list(sc.profiles),
+        scheduler=SchedulerSpec(
+            deployment=dep,
+            lengths=sc.workload.lengths,
+            output_tokens=sc.workload.output_tokens,
+            tpot_slo_s=sc.slo.tpot,
+            threshold_step=sc.planner.threshold_step,
+            n_prefill=2,
+        ),
+    )
+    path = tmp_path / "spec.json"
+    path.write_text(spec.model_dump_json())
+    code = (
+        "import sys; from pathlib import Path; from testbed.services.host import load_spec\n"
+        "s = load_spec(Path(sys.argv[1]).read_text())\n"
+        "print(s.scheduler.deployment.model, s.scheduler.deployment.local.hardware)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [dep.model, dep.local.hardware]
 
 
 def write(tmp_path: Path, text: str) -> Path:
