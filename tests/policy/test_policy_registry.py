@@ -4,6 +4,7 @@ that lacks one (testbed/policy/base.py, testbed/registry.py)."""
 from __future__ import annotations
 
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -51,9 +52,15 @@ def test_an_unknown_name_is_one_line_listing_the_known_ones() -> None:
     with pytest.raises(UnknownName) as info:
         get_policy("random")
     assert isinstance(info.value, KeyError) and isinstance(info.value, UserError)
+    builtin = [
+        "homogeneous", "naive", "prfaas", "prfaas-nocache", "prfaas-nolongterm",
+        "prfaas-predict", "prfaas-static",
+    ]  # fmt: skip
+    # an installed plugin package (examples/least-ttft, say) is a known name too
+    installed = [ep.name for ep in entry_points(group="prfaas_testbed.policies")]
     assert str(info.value) == (
-        "unknown policy 'random'; known: homogeneous, naive, prfaas, prfaas-nocache, "
-        "prfaas-nolongterm, prfaas-predict, prfaas-static (or an outside one as module:Class)"
+        f"unknown policy 'random'; known: {', '.join(sorted(builtin + installed))} "
+        "(or an outside one as module:Class)"
     )
     assert "random" not in POLICIES
 
