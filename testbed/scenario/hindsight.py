@@ -68,6 +68,23 @@ POLICY = "prfaas-static"
 MAX_SETTINGS = 400
 
 
+def plan_row(
+    rp: RunPlan, records: list[Any], history: list[Any], checks: list[Any]
+) -> dict[str, Any]:
+    """The scorecard's row of one run of `rp` (testbed.metrics.scorecard.run_row), its fault
+    window and units taken from the plan: what the sim and live measurements share."""
+    sc = rp.scenario
+    return run_row(
+        records,
+        history,
+        checks,
+        duration_s=rp.duration_s,
+        slo=sc.slo,
+        scale=Scale.of(sc.scale),
+        window=fault_window(rp.faults, rp.duration_s),
+    )
+
+
 def measure_sim(
     scenario: Scenario, policy: str | None = None
 ) -> tuple[RunPlan, dict[str, Any], list[Any]]:
@@ -87,15 +104,7 @@ def measure_sim(
         planned=len(rp.requests),
         byte_scale=sc.scale.byte_scale,
     )
-    row = run_row(
-        out.records,
-        out.history,
-        checks,
-        duration_s=rp.duration_s,
-        slo=sc.slo,
-        scale=Scale.of(sc.scale),
-        window=fault_window(rp.faults, rp.duration_s),
-    )
+    row = plan_row(rp, out.records, out.history, checks)
     row.update(
         {
             "policy": rp.policy,

@@ -33,16 +33,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.clock import Scale
 from testbed.errors import UserError
 from testbed.metrics.files import atomic_write
-from testbed.metrics.scorecard import compare, fault_window, mean_rows, run_row
+from testbed.metrics.scorecard import compare, mean_rows
 from testbed.policy import get_policy
 from testbed.scenario.hindsight import (
     HindsightPlan,
     Objective,
     measure_sim,
     plan_hindsight,
+    plan_row,
     run_fixed,
 )
 from testbed.scenario.library import LIBRARY_DIR, library_scenarios, resolve_scenario
@@ -317,16 +317,7 @@ def _run_local(
                 rp = prepare_run(e.scenario, opts)
                 result = asyncio.run(run_scenario(rp, opts))
                 checks: list[CheckResult] = list(result.checks)
-                sc = rp.scenario
-                row = run_row(
-                    result.records,
-                    result.history,
-                    checks,
-                    duration_s=rp.duration_s,
-                    slo=sc.slo,
-                    scale=Scale.of(sc.scale),
-                    window=fault_window(rp.faults, rp.duration_s),
-                )
+                row = plan_row(rp, result.records, result.history, checks)
                 row.update(
                     {
                         "scenario": e.name,
