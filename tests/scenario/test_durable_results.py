@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import alive, jsonl_lines
+from tests.processes import children as child_pids
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "data" / "tiny.yaml"
 
@@ -37,32 +40,12 @@ def _start(out: Path) -> subprocess.Popen[str]:
     )
 
 
-def _lines(path: Path) -> list[dict[str, object]]:
-    """Every line of a JSON-lines file, each of which must parse."""
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _children(pid: int) -> set[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return {int(p) for p in out.split()}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
-
-
 def _wait_for_records(proc: subprocess.Popen[str], out: Path, n: int) -> list[str]:
     """Ids of the records journaled once at least `n` requests have ended (bounded wait)."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()
-        ids = [str(r["id"]) for r in _lines(out / "requests.jsonl")]
+        ids = [str(r["id"]) for r in jsonl_lines(out / "requests.jsonl")]
         if len(ids) >= n:
             return ids
         time.sleep(0.2)
@@ -73,9 +56,9 @@ def _wait_for_records(proc: subprocess.Popen[str], out: Path, n: int) -> list[st
 def _wait_gone(pids: set[int]) -> set[int]:
     """Pids still alive after up to 10 s."""
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.1)
-    return {p for p in pids if _alive(p)}
+    return {p for p in pids if alive(p)}
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
@@ -84,7 +67,7 @@ def test_sigterm_and_sighup_write_everything(
 ) -> None:
     proc = _start(tmp_path)
     before = _wait_for_records(proc, tmp_path, 5)
-    children = _children(proc.pid)
+    children = child_pids(proc.pid)
     assert len(children) >= 4  # the router, three workers (and the link emulator)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
@@ -94,12 +77,12 @@ def test_sigterm_and_sighup_write_everything(
     assert summary["interrupted"] is True
     req = summary["requests"]
     assert req["submitted"] == req["completed"] + req["failed"] >= len(before)
-    records = _lines(tmp_path / "requests.jsonl")
+    records = jsonl_lines(tmp_path / "requests.jsonl")
     assert len(records) == req["submitted"]
     assert set(before) <= {str(r["id"]) for r in records}
     reasons = {r["failure_reason"] for r in records if r["status"] == "failed"}
     assert reasons <= {f"interrupted ({sig.name})"}, reasons
-    assert _lines(tmp_path / "history.jsonl")
+    assert jsonl_lines(tmp_path / "history.jsonl")
     assert sig.name in (tmp_path / "report.md").read_text()
     assert (tmp_path / "timeline.png").read_bytes().startswith(b"\x89PNG")
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
@@ -109,13 +92,13 @@ def test_sigterm_and_sighup_write_everything(
 def test_sigkill_keeps_the_journal_and_leaves_no_process(tmp_path: Path) -> None:
     proc = _start(tmp_path)
     before = _wait_for_records(proc, tmp_path, 5)
-    children = _children(proc.pid)
+    children = child_pids(proc.pid)
     assert len(children) >= 4
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)
     assert not _wait_gone(children), "services outlived their runner"
-    records = _lines(tmp_path / "requests.jsonl")  # every line parses
+    records = jsonl_lines(tmp_path / "requests.jsonl")  # every line parses
     assert set(before) <= {str(r["id"]) for r in records}
     assert all(r["status"] in ("completed", "failed") for r in records)
-    assert _lines(tmp_path / "history.jsonl")
+    assert jsonl_lines(tmp_path / "history.jsonl")
     assert not (tmp_path / "summary.json").exists()  # never half-written: absent

@@ -26,6 +26,8 @@ from aiohttp import web
 
 from testbed.metrics.records import RequestRecord
 from testbed.services.router.recorded import RecordLog, add_record_routes
+from tests.processes import alive, jsonl_lines
+from tests.processes import children as child_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "data" / "tiny.yaml"
@@ -86,30 +88,11 @@ async def test_an_answer_waits_for_the_keeper_and_only_while_one_is_connected() 
 # ------------------------------------------------------------------ testbed up, killed
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _children(pid: int) -> set[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return {int(p) for p in out.split()}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def _wait_gone(pids: set[int]) -> set[int]:
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.1)
-    return {p for p in pids if _alive(p)}
+    return {p for p in pids if alive(p)}
 
 
 def _up(out: Path) -> tuple[subprocess.Popen[str], str]:
@@ -161,7 +144,7 @@ async def _clients(base: str, n: int) -> list[str]:
 def test_sigkill_keeps_every_record_a_client_saw_end(tmp_path: Path) -> None:
     proc, base = _up(tmp_path)
     try:
-        children = _children(proc.pid)
+        children = child_pids(proc.pid)
         assert len(children) >= 4  # the router, three workers (and the link emulator)
         ids = asyncio.run(_clients(base, 8))
         os.kill(proc.pid, signal.SIGKILL)  # at once: no time to catch up after the answers
@@ -170,7 +153,7 @@ def test_sigkill_keeps_every_record_a_client_saw_end(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
     assert not _wait_gone(children), "services outlived their runner"
-    records = _lines(tmp_path / "requests.jsonl")  # every line parses
+    records = jsonl_lines(tmp_path / "requests.jsonl")  # every line parses
     assert len(set(ids)) == 8
     assert set(ids) <= {str(r["id"]) for r in records}
     assert all(r["status"] == "completed" for r in records)
@@ -189,11 +172,11 @@ def test_sigterm_and_sigint_write_every_record(tmp_path: Path, sig: signal.Signa
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err  # a standing deployment ends this way: the checkers' code
-    records = _lines(tmp_path / "requests.jsonl")
+    records = jsonl_lines(tmp_path / "requests.jsonl")
     assert sorted(str(r["id"]) for r in records) == sorted(ids)
     arrivals = [float(r["arrival"]) for r in records]
     assert arrivals == sorted(arrivals)  # the final file is ordered by arrival
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["requests"]["submitted"] == summary["requests"]["completed"] == 4
     assert f"stopped by {sig.name}" in (tmp_path / "report.md").read_text()
-    assert _lines(tmp_path / "history.jsonl")
+    assert jsonl_lines(tmp_path / "history.jsonl")
