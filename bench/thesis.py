@@ -2,19 +2,23 @@
 
 Runs scenarios/thesis.yaml's three deployments (the paper's PrfaaS-PD deployment and workload over
 one 100 Gbps link, each model offered the same 2.58 req/s: 80% of the hybrid model's lambda_max)
-under `prfaas-static` with t fixed at the paper's 19.5K and under the bandwidth-aware `prfaas`,
-and prints side by side: the link's mean use over the steady window, TTFT p90 (all, and of the
-PrfaaS-routed requests), goodput at the SLO and SLO attainment. Then:
+under `prfaas-static` with t fixed at the paper's 19.5K and under the bandwidth-aware `prfaas` and
+`prfaas-predict`, and prints side by side: the link's mean use over the steady window, TTFT p90
+(all, and of the PrfaaS-routed requests), goodput at the SLO and SLO attainment. Then:
 - the planner's figures for each model at t = 19.5K (lambda_max, link use, the highest rate the
   link carries) and the link bandwidth at which the dense model becomes viable at 2.58 req/s
   (with t fixed at 19.5K, and with t chosen by the planner);
+- the same question on the sim: the smallest link (10 Gbps steps) at which the dense model,
+  offered 2.58 req/s under prfaas-static, keeps TTFT p90 within the SLO (t = 19.5K, and the
+  planner's t at each bandwidth);
 - the dense model's live saturation at t = 19.5K (completion rate over the steady window when
   offered 120% of the planner's rate for that setting) against the planner's figure;
 - a plot of link use and TTFT p90 per model and policy (bench/reports/thesis.png) and the table
   (bench/reports/thesis.md).
 
-Usage: python bench/thesis.py [--duration 240s] [--substrate local] [--skip-saturation]
-About 8 minutes on 2 cores with the defaults.
+Usage: python bench/thesis.py [--duration 240s] [--substrate local|sim] [--policies LIST]
+                              [--skip-saturation] [--skip-sim-sweep] [--models LIST]
+About 6 minutes on 2 cores with the defaults (live runs); under 30 s with --substrate sim.
 """
 
 from __future__ import annotations
@@ -34,12 +38,14 @@ from testbed.planner import plan_deployment, plan_inputs
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import Scenario, load_scenario
+from testbed.scenario.sim_run import run_sim
 from testbed.units import parse_duration
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "thesis.yaml"
 REPORTS = ROOT / "bench" / "reports"
-POLICIES = ("prfaas-static", "prfaas")
+POLICIES = ("prfaas-static", "prfaas", "prfaas-predict")
+"""prfaas-static (t fixed at 19.5K) and the two bandwidth-aware policies."""
 PAPER_T = 19_500.0
 DENSE = "minimax-m2.5"
 
@@ -80,6 +86,8 @@ def run(scenario: Scenario, policy: str, substrate: str) -> tuple[Any, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         opts = RunOptions(policy=policy, out_dir=Path(tmp), progress=False, substrate=substrate)
         rp = prepare_run(scenario, opts)
+        if substrate == "sim":
+            return rp, run_sim(rp, opts)
         return rp, asyncio.run(run_scenario(rp, opts))
 
 
@@ -121,11 +129,58 @@ def viable_bandwidth(base: Scenario, deployment: str, rate: float, t: float | No
     return None
 
 
+def with_link_and_t(scenario: Scenario, gbps: float, threshold: float | str) -> Scenario:
+    """`scenario` with its deployment's link at `gbps` and the policy's threshold set."""
+    dep = scenario.deployments[scenario.deployment]
+    link = dep.link.model_copy(update={"bandwidth": gbps * 1e9 / 8})
+    deployments = {
+        **scenario.deployments,
+        scenario.deployment: dep.model_copy(update={"link": link}),
+    }
+    policy = scenario.policy.model_copy(update={"threshold": threshold})
+    return scenario.model_copy(update={"deployments": deployments, "policy": policy})
+
+
+def viable_bandwidth_sim(
+    base: Scenario, duration: float, threshold: float | str, slo: float
+) -> tuple[float | None, list[tuple[float, float | None]]]:
+    """Smallest link (10 Gbps steps from 100 to 400) at which the dense model, offered the
+    scenario's rate on the sim under prfaas-static, keeps TTFT p90 (all requests and the
+    PrfaaS-routed ones) within the SLO over the steady window; with each step's TTFT p90."""
+    steps: list[tuple[float, float | None]] = []
+    for gbps in range(100, 401, 10):
+        scenario = with_link_and_t(variant(base, DENSE, duration=duration), gbps, threshold)
+        r = measure(scenario, "prfaas-static", "sim")
+        worst = max(r["ttft_p90"] or 0.0, r["prfaas_ttft_p90"] or 0.0)
+        steps.append((float(gbps), worst))
+        if r["failed"] == 0 and worst <= slo:
+            return float(gbps), steps
+    return None, steps
+
+
+HINDSIGHT_T = (10_000, 15_000, 17_500, 19_500, 21_000, 22_000, 23_000, 25_000, 30_000, 40_000)
+"""Fixed thresholds tried for the dense model's best goodput in hindsight (sim)."""
+
+
+def hindsight_goodput(base: Scenario, duration: float) -> list[tuple[int, float]]:
+    """The dense model's goodput on the sim under prfaas-static at each fixed threshold of
+    HINDSIGHT_T, on the scenario's link: the best any fixed threshold does at this rate."""
+    dep = base.deployments[DENSE]
+    gbps = dep.link.bandwidth * 8 / 1e9
+    out = []
+    for t in HINDSIGHT_T:
+        scenario = with_link_and_t(variant(base, DENSE, duration=duration), gbps, float(t))
+        out.append((t, measure(scenario, "prfaas-static", "sim")["goodput"]))
+    return out
+
+
 def fmt(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def plot(rows: list[tuple[str, str, dict[str, Any]]], slo: float, path: Path) -> None:
+def plot(
+    rows: list[tuple[str, str, dict[str, Any]]], policies: list[str], slo: float, path: Path
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -133,10 +188,10 @@ def plot(rows: list[tuple[str, str, dict[str, Any]]], slo: float, path: Path) ->
 
     models = list(dict.fromkeys(m for m, _, _ in rows))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    width = 0.38
-    for i, policy in enumerate(POLICIES):
+    width = 0.8 / len(policies)
+    for i, policy in enumerate(policies):
         cells = {m: r for m, p, r in rows if p == policy}
-        xs = np.arange(len(models)) + (i - 0.5) * width
+        xs = np.arange(len(models)) + (i - (len(policies) - 1) / 2) * width
         axes[0].bar(xs, [cells[m]["link_use"] * 100 for m in models], width, label=policy)
         axes[1].bar(xs, [cells[m]["ttft_p90"] or 0 for m in models], width, label=policy)
     axes[0].axhline(90, color="grey", ls=":", lw=1)
@@ -156,14 +211,25 @@ def plot(rows: list[tuple[str, str, dict[str, Any]]], slo: float, path: Path) ->
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--duration", type=parse_duration, default=240.0, help="real-world per run")
-    ap.add_argument("--substrate", default="local")
+    ap.add_argument("--substrate", default="local", choices=("local", "compose", "sim"))
+    ap.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help="comma-separated policies to run (default: %(default)s)",
+    )
     ap.add_argument("--skip-saturation", action="store_true")
+    ap.add_argument(
+        "--skip-sim-sweep",
+        action="store_true",
+        help="skip the sim's search for the link at which the dense model becomes viable",
+    )
     ap.add_argument("--models", help="comma-separated deployments of thesis.yaml (default: all)")
     ap.add_argument("--reports", type=Path, default=REPORTS, help="where thesis.md/.png go")
     args = ap.parse_args()
     base = load_scenario(SCENARIO)
     rate = base.workload.arrivals.rate or 0.0
     inputs = plan_inputs(base)
+    policies = args.policies.split(",")
     lines = [f"# The paper's thesis, live ({args.substrate}, {args.duration:.0f}s per run)", ""]
 
     lines += ["## Planner, t fixed at 19.5K, 100 Gbps", ""]
@@ -183,6 +249,19 @@ def main() -> int:
         f"and from {fmt(free, '.0f')} Gbps with the planner's t.",
         "",
     ]
+    if not args.skip_sim_sweep:
+        slo = base.slo.ttft
+        for label, t in (("t = 19.5K", PAPER_T), ("the planner's t", "auto")):
+            found, steps = viable_bandwidth_sim(base, args.duration, t, slo)
+            tried = ", ".join(f"{g:.0f}: {fmt(v, '.1f')}s" for g, v in steps)
+            lines += [
+                f"On the sim (prfaas-static, {label}, {args.duration:.0f}s, 10 Gbps steps), "
+                f"{DENSE} at {rate:g} req/s keeps TTFT p90 within the {slo:g}s SLO from "
+                f"{fmt(found, '.0f')} Gbps (worst of all/PrfaaS-routed TTFT p90 per step: "
+                f"{tried}).",
+                "",
+            ]
+
     print("\n".join(lines), flush=True)
 
     rows: list[tuple[str, str, dict[str, Any]]] = []
@@ -196,7 +275,7 @@ def main() -> int:
     print("\n".join(table), flush=True)
     models = args.models.split(",") if args.models else list(base.deployments)
     for name in models:
-        for policy in POLICIES:
+        for policy in policies:
             r = measure(variant(base, name, duration=args.duration), policy, args.substrate)
             rows.append((name, policy, r))
             line = (
@@ -209,17 +288,32 @@ def main() -> int:
             table.append(line)
             print(line, flush=True)
     dense = {p: r for m, p, r in rows if m == DENSE}
-    if len(dense) == 2:
-        gain = dense["prfaas"]["goodput"] / max(dense["prfaas-static"]["goodput"], 1e-9)
+    static = dense.get("prfaas-static")
+    if static is not None and len(dense) > 1:
         best = plan_deployment(DENSE, base.deployments[DENSE], inputs).lambda_max_rps
+        table += [""]
+        for policy, r in dense.items():
+            if policy == "prfaas-static":
+                continue
+            gain = r["goodput"] / max(static["goodput"], 1e-9)
+            table.append(f"{DENSE}: goodput under {policy} / under prfaas-static = {gain:.2f}x")
         table += [
-            "",
-            f"{DENSE}: goodput under prfaas / under prfaas-static = {gain:.2f}x; the planner's "
-            f"best for it on this link, at any threshold, is {best:.2f} req/s "
-            f"({rate / best:.0%} of it is offered)",
+            f"(the planner's best for {DENSE} on this link, at any threshold, is {best:.2f} "
+            f"req/s, {best / max(static['goodput'], 1e-9):.2f}x prfaas-static's goodput here; "
+            f"{rate / best:.0%} of it is offered)",
             "",
         ]
-        print(table[-2], flush=True)
+        grid = hindsight_goodput(base, args.duration)
+        t_best, g_best = max(grid, key=lambda tg: tg[1])
+        table += [
+            f"The best fixed threshold in hindsight (sim, prfaas-static, {args.duration:.0f}s): "
+            f"t = {t_best / 1000:g}K, goodput {g_best:.2f} req/s "
+            f"({g_best / max(static['goodput'], 1e-9):.2f}x prfaas-static's here; per t: "
+            + ", ".join(f"{t / 1000:g}K: {g:.2f}" for t, g in grid)
+            + ").",
+            "",
+        ]
+        print("\n".join(table[-len(dense) - 3 :]), flush=True)
 
     if not args.skip_saturation:
         dep = base.deployments[DENSE]
@@ -238,7 +332,7 @@ def main() -> int:
         print("\n".join(table[-4:]), flush=True)
 
     args.reports.mkdir(parents=True, exist_ok=True)
-    plot(rows, base.slo.ttft, args.reports / "thesis.png")
+    plot(rows, policies, base.slo.ttft, args.reports / "thesis.png")
     (args.reports / "thesis.md").write_text("\n".join(lines + table) + "\n")
     print(f"wrote {args.reports / 'thesis.md'} and thesis.png")
     return 0
