@@ -10,6 +10,9 @@ workload) and prints, side by side:
 - goodput at the TTFT SLO, and PrfaaS-PD's gain over the two baselines.
 
 Usage: python bench/fidelity.py [--duration 600] [--time-scale 10] [--only prfaas-pd]
+                                [--policy prfaas-static] [--loads 0.8,1.2] [--runs 1]
+`--policy` is PrfaaS-PD's routing policy (homogeneous and naive have one each); `--runs N`
+repeats every case with seeds seed, seed+1, ... and reports the mean (and each run).
 Takes about 8 minutes on 2 cores with the defaults.
 """
 
@@ -48,11 +51,14 @@ def completion_rate(records: list[RequestRecord], lo: float, hi: float) -> float
     return n / (hi - lo)
 
 
-def run_case(deployment: str, policy: str, load: float, args: argparse.Namespace) -> dict:
+def run_case(
+    deployment: str, policy: str, load: float, args: argparse.Namespace, run: int = 0
+) -> dict:
     base = load_scenario(ROOT / "scenarios" / "paper.yaml")
     wl = base.workload
     scenario = base.model_copy(
         update={
+            "seed": base.seed + run,
             "scale": base.scale.model_copy(
                 update={"time_scale": args.time_scale, "byte_scale": args.byte_scale}
             ),
@@ -81,24 +87,59 @@ def run_case(deployment: str, policy: str, load: float, args: argparse.Namespace
     }
 
 
+def mean_row(runs: list[dict]) -> dict:
+    """The runs of one case averaged (numbers; counts summed), each run's rate kept."""
+    out = dict(runs[0])
+    for key in ("completed_rate", "goodput", "offered", "planned"):
+        out[key] = sum(r[key] for r in runs) / len(runs)
+    ttfts = [r["ttft_p90"] for r in runs if r["ttft_p90"] is not None]
+    out["ttft_p90"] = sum(ttfts) / len(ttfts) if ttfts else None
+    out["backlog_growth"] = round(sum(r["backlog_growth"] for r in runs) / len(runs))
+    out["failed"] = sum(r["failed"] for r in runs)
+    out["checks_ok"] = all(r["checks_ok"] for r in runs)
+    out["each"] = [r["completed_rate"] for r in runs]
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--duration", type=float, default=600.0, help="real-world seconds per run")
     ap.add_argument("--time-scale", type=float, default=10.0)
     ap.add_argument("--byte-scale", type=float, default=1000.0)
     ap.add_argument("--only", choices=[c[0] for c in CASES])
+    ap.add_argument("--policy", default="prfaas-static", help="PrfaaS-PD's routing policy")
+    ap.add_argument(
+        "--loads", default="0.8,1.2", help="loads to run, fractions of lambda_max (1.2 saturates)"
+    )
+    ap.add_argument("--runs", type=int, default=1, help="runs per case (seeds seed, seed+1, ...)")
     args = ap.parse_args()
+    if args.runs < 1:
+        ap.error("--runs must be at least 1")
+    try:
+        loads = [float(x) for x in args.loads.split(",")]
+    except ValueError:
+        ap.error(f"--loads: expected comma-separated numbers such as 0.8,1.2, got {args.loads!r}")
     rows = {}
     for deployment, policy in CASES:
         if args.only and deployment != args.only:
             continue
-        for load in (0.8, 1.2):
-            print(
-                f"running {deployment} ({policy}) at {load:.0%} of lambda_max ...", file=sys.stderr
-            )
-            rows[(deployment, load)] = run_case(deployment, policy, load, args)
+        if deployment == "prfaas-pd":
+            policy = args.policy
+        for load in loads:
+            runs = []
+            for i in range(args.runs):
+                print(
+                    f"running {deployment} ({policy}) at {load:.0%} of lambda_max, run {i + 1}"
+                    f"/{args.runs} ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                runs.append(run_case(deployment, policy, load, args, i))
+                print(f"  completed {runs[-1]['completed_rate']:.3f} req/s", file=sys.stderr)
+            rows[(deployment, load)] = mean_row(runs)
     print(
-        f"\nfidelity: live vs planner (time_scale {args.time_scale:g}, byte_scale "
+        f"\nfidelity: live vs planner (prfaas-pd under {args.policy}, "
+        f"time_scale {args.time_scale:g}, byte_scale "
         f"{args.byte_scale:g}, {args.duration:g}s real per run, steady window from "
         f"{steady_window(args.duration)[0]:g}s)\n"
     )
@@ -124,7 +165,11 @@ def main() -> int:
         r = rows[(dep, 1.2)]
         measured[dep] = r["completed_rate"]
         err = r["completed_rate"] / r["planned"] - 1
-        print(f"{dep:12} {r['planned']:>8.2f} {r['completed_rate']:>9.2f} {err:>+7.1%}")
+        each = " ".join(f"{x:.3f}" for x in r["each"])
+        print(
+            f"{dep:12} {r['planned']:>8.2f} {r['completed_rate']:>9.2f} {err:>+7.1%}"
+            + (f"  (runs: {each})" if len(r["each"]) > 1 else "")
+        )
     if len(measured) == 3:
         vs_h = measured["prfaas-pd"] / measured["homogeneous"]
         vs_n = measured["prfaas-pd"] / measured["naive"]
