@@ -35,6 +35,7 @@ import numpy as np
 
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.planner import plan_deployment, plan_inputs
+from testbed.scenario.hindsight import best_fixed
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import Scenario, load_scenario
@@ -131,12 +132,12 @@ def viable_bandwidth(base: Scenario, deployment: str, rate: float, t: float | No
 
 def with_link_and_t(scenario: Scenario, gbps: float, threshold: float | str) -> Scenario:
     """`scenario` with its deployment's link at `gbps` and the policy's threshold set."""
-    dep = scenario.deployments[scenario.deployment]
+    name = scenario.deployment
+    assert name is not None  # variant() always names the deployment
+    dep = scenario.deployments[name]
     link = dep.link.model_copy(update={"bandwidth": gbps * 1e9 / 8})
-    deployments = {
-        **scenario.deployments,
-        scenario.deployment: dep.model_copy(update={"link": link}),
-    }
+    deployments = dict(scenario.deployments)
+    deployments[name] = dep.model_copy(update={"link": link})
     policy = scenario.policy.model_copy(update={"threshold": threshold})
     return scenario.model_copy(update={"deployments": deployments, "policy": policy})
 
@@ -162,16 +163,19 @@ HINDSIGHT_T = (10_000, 15_000, 17_500, 19_500, 21_000, 22_000, 23_000, 25_000, 3
 """Fixed thresholds tried for the dense model's best goodput in hindsight (sim)."""
 
 
-def hindsight_goodput(base: Scenario, duration: float) -> list[tuple[int, float]]:
+def hindsight_goodput(base: Scenario, duration: float) -> list[tuple[float, float]]:
     """The dense model's goodput on the sim under prfaas-static at each fixed threshold of
-    HINDSIGHT_T, on the scenario's link: the best any fixed threshold does at this rate."""
-    dep = base.deployments[DENSE]
-    gbps = dep.link.bandwidth * 8 / 1e9
-    out = []
-    for t in HINDSIGHT_T:
-        scenario = with_link_and_t(variant(base, DENSE, duration=duration), gbps, float(t))
-        out.append((t, measure(scenario, "prfaas-static", "sim")["goodput"]))
-    return out
+    HINDSIGHT_T (the running PD split, the scenario's seed and rate): `testbed hindsight`'s
+    search (testbed.scenario.hindsight.best_fixed) on the dense deployment."""
+    result = best_fixed(
+        SCENARIO,
+        [base.seed],
+        "goodput",
+        thresholds=HINDSIGHT_T,
+        sweep_split=False,
+        overrides=[("deployment", DENSE), ("duration", f"{duration:g}s")],
+    )
+    return [(s["threshold_tokens"], s["goodput_rps"]) for s in result.settings]
 
 
 def fmt(v: float | None, spec: str) -> str:

@@ -242,18 +242,20 @@ def plan_hindsight(
     thresholds: Sequence[float] | None = None,
     splits: Sequence[int] | None = None,
     sweep_split: bool = True,
+    overrides: Sequence[tuple[str, str]] = (),
 ) -> HindsightPlan:
     """The cells of a hindsight sweep of `scenario` (a file or a library name).
 
     `thresholds` default to `default_thresholds` around the planner's t (the scenario's own t
     when it fixes one); `splits` (PD-P counts) to `default_splits` around the running split when
-    `sweep_split`, else the running split only."""
+    `sweep_split`, else the running split only. `overrides` are (path, value) settings written
+    into the scenario first, as `testbed sweep --set` writes them (e.g. ("deployment", NAME))."""
     if objective not in OBJECTIVES:
         raise UserError(f"objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
     if not seeds:
         raise UserError("hindsight needs at least one seed")
     path = resolve_scenario(str(scenario))
-    sc = load_scenario(path)
+    sc = cell_scenario(Cell(str(path), tuple(overrides))) if overrides else load_scenario(path)
     rp = prepare_run(sc, RunOptions(substrate="sim", policy=POLICY, progress=False))
     dep = rp.deployment
     if dep.kind != "prfaas-pd":
@@ -281,7 +283,11 @@ def plan_hindsight(
         ps = [rp.n_prefill]
     if len(ts) * len(ps) > MAX_SETTINGS:
         raise UserError(f"{len(ts) * len(ps)} settings; hindsight takes at most {MAX_SETTINGS}")
-    common: list[tuple[str, str]] = [("policy.name", POLICY), ("deployment", rp.deployment_name)]
+    common: list[tuple[str, str]] = [
+        *overrides,
+        ("policy.name", POLICY),
+        ("deployment", rp.deployment_name),
+    ]
     if rp.rate_rps is not None:
         common += [
             ("workload.arrivals.rate", repr(rp.rate_rps)),
@@ -332,6 +338,7 @@ def best_fixed(
     sweep_split: bool = True,
     jobs: int | None = None,
     on_row: Callable[[int, dict[str, Any]], None] | None = None,
+    overrides: Sequence[tuple[str, str]] = (),
 ) -> HindsightResult:
     """The best fixed threshold (and PD split) for `scenario` in hindsight, on the sim (see the
     module docstring); what the scorecard's reference row and the predictive policy's
@@ -340,7 +347,13 @@ def best_fixed(
 
     started = time.perf_counter()
     hp = plan_hindsight(
-        scenario, seeds, objective, thresholds=thresholds, splits=splits, sweep_split=sweep_split
+        scenario,
+        seeds,
+        objective,
+        thresholds=thresholds,
+        splits=splits,
+        sweep_split=sweep_split,
+        overrides=overrides,
     )
     n_jobs = jobs or min(len(hp.cells), os.cpu_count() or 1)
     rows = run_grid(hp.cells, jobs=n_jobs, on_row=on_row, fn=run_fixed)

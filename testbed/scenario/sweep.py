@@ -94,24 +94,38 @@ def cells(scenario_path: Path, axes: Sequence[Axis], *, saturation: bool = True)
 
 
 def _write(data: dict[str, Any], path: str, raw: str) -> None:
-    """Write `raw` (a YAML scalar) at the dotted `path`, creating mappings on the way."""
+    """Write `raw` (a YAML scalar) at the dotted `path`, creating mappings on the way.
+
+    A name with dots in it (a deployment called `minimax-m2.5`) is one step where the mapping
+    already holds that name: at each mapping the longest run of parts that is one of its keys
+    is taken first."""
     value = yaml.safe_load(raw)
     node: Any = data
     parts = path.split(".")
-    for part in parts[:-1]:
+    i = 0
+    while True:
+        if isinstance(node, dict):
+            n = next(
+                (n for n in range(len(parts) - i, 1, -1) if ".".join(parts[i : i + n]) in node), 1
+            )
+            part = ".".join(parts[i : i + n])
+        else:
+            n, part = 1, parts[i]
+        i += n
+        if i == len(parts):
+            break
         if isinstance(node, list):
             node = node[_index(part, node, path)]
-            continue
-        if not isinstance(node, dict):
+        elif isinstance(node, dict):
+            node = node.setdefault(part, {})
+        else:
             raise UserError(f"--set {path}: {part!r} is inside a value, not a mapping")
-        node = node.setdefault(part, {})
-    last = parts[-1]
     if isinstance(node, list):
-        node[_index(last, node, path)] = value
+        node[_index(part, node, path)] = value
     elif isinstance(node, dict):
-        node[last] = value
+        node[part] = value
     else:
-        raise UserError(f"--set {path}: {last!r} is inside a value, not a mapping")
+        raise UserError(f"--set {path}: {part!r} is inside a value, not a mapping")
 
 
 def _index(part: str, node: list[Any], path: str) -> int:

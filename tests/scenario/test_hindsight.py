@@ -25,6 +25,7 @@ from testbed.scenario.hindsight import (
 from testbed.scenario.library import LIBRARY_DIR
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.schema import load_scenario
+from testbed.scenario.sweep import cell_scenario
 
 
 def short_scenario(tmp_path: Path, name: str, duration: int, **changes: Any) -> Path:
@@ -98,6 +99,26 @@ def test_every_setting_is_offered_the_same_requests(tmp_path: Path) -> None:
     key = "deployments.prfaas-pd.local.prefill"  # pinned: a fixed t would re-plan the split
     pinned = {(s["policy.threshold"], s[key]) for s in settings}
     assert pinned == {(t, p) for t in ("5000", "40000") for p in ("2", "3", "4")}
+
+
+def test_overrides_search_a_variant_of_the_scenario() -> None:
+    # thesis.yaml runs the hybrid model; the dense one is another deployment of the same file
+    thesis, dense_60s = (
+        LIBRARY_DIR / "thesis.yaml",
+        [("deployment", "minimax-m2.5"), ("duration", "60s")],
+    )
+    hp = plan_hindsight(thesis, [19], "goodput", thresholds=[30_000], sweep_split=False,
+                        overrides=dense_60s)  # fmt: skip
+    assert len(hp.cells) == 1
+    cell = hp.cells[0]
+    settings = dict(cell.settings)
+    assert settings["deployment"] == "minimax-m2.5" and settings["duration"] == "60s"
+    assert settings["deployments.minimax-m2.5.local.prefill"] == "3"
+    dense = cell_scenario(cell)
+    assert dense.deployment == "minimax-m2.5" and dense.duration == 60.0
+    hybrid = plan_hindsight(thesis, [19], "goodput", thresholds=[30_000], sweep_split=False)
+    assert hybrid.window_s == (0.0, 240.0) and hp.window_s == (0.0, 60.0)  # planned on the variant
+    assert dict(hybrid.cells[0].settings)["deployment"] == "internal-1t-hybrid"
 
 
 def test_best_fixed_keeps_the_best_mean_over_seeds(tmp_path: Path) -> None:

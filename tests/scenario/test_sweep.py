@@ -52,6 +52,23 @@ def test_a_cell_is_the_file_with_its_values_written_in() -> None:
         cell_scenario(Cell(str(PAPER), (("deployments.prfaas-pd.link.bandwith", "1Gbps"),)))
 
 
+def test_a_name_with_dots_is_one_step_of_a_path() -> None:
+    # thesis.yaml's dense deployment is called minimax-m2.5: its link is there to be swept
+    thesis = LIBRARY_DIR / "thesis.yaml"
+    sc = cell_scenario(
+        Cell(str(thesis), (("deployments.minimax-m2.5.link.bandwidth", "200Gbps"),
+                           ("deployments.minimax-m2.5.local.prefill", "4"),
+                           ("deployments.minimax-m2.5.local.decode", "4")))
+    )  # fmt: skip
+    dep = sc.deployments["minimax-m2.5"]
+    assert dep.link is not None and dep.link.bandwidth == pytest.approx(200e9 / 8)
+    assert dep.local is not None and dep.local.prefill == 4
+    assert sc.deployments["kimi-linear-48b"].link.bandwidth == pytest.approx(100e9 / 8)
+    # where no key has the dots, the parts are steps as before: a new deployment minimax-m2
+    with pytest.raises(UserError, match=r"deployments\.minimax-m2\.kind"):
+        cell_scenario(Cell(str(thesis), (("deployments.minimax-m2.local.prefill", "4"),)))
+
+
 def test_a_cell_row_has_the_sims_figures_next_to_the_planners() -> None:
     row = run_cell(Cell(str(PAPER), ((N, "4"),)))
     assert row[N] == "4" and row["policy"] == "prfaas-static" and row["gpus"] == 96
