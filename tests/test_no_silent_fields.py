@@ -245,6 +245,9 @@ FIELDS: dict[str, Tests] = {
     + "test_a_request_late_everywhere_goes_where_it_keeps_a_resource_busy_less",
     "PredictConfig.triage_slack": PREDICT
     + "test_triage_slack_bounds_how_much_later_the_lighter_option_may_be",
+    "PredictConfig.triage_weight": PREDICT
+    + "test_triage_weight_dials_between_the_first_token_and_the_share",
+    "PredictConfig.busy_rate": PREDICT + "test_busy_rate_charges_the_kv_at_the_links_nominal_rate",
     "PredictConfig.recount_s": PREDICT
     + "test_count_queued_kv_and_recount_s_decide_what_counts_as_ahead",
     "PolicyConfig.kind": BYOS_HTTP + "test_scenario_kind_http_names_the_policy_by_its_url",

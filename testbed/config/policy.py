@@ -98,8 +98,16 @@ class PredictConfig(StrictModel):
     triage_slack: float | None = Field(None, ge=1)
     """... if its first token there is predicted at most this factor later than on the other
     (None: whatever the factor)."""
+    triage_weight: float | None = Field(None, gt=0)
+    """... or, with a weight k, where its predicted first token plus k x that share is least:
+    a dial from SLO attainment (None: the smaller share outright) towards P90 TTFT (small k);
+    bench/reports/scheduler.md measures it."""
     recount_s: PositiveDuration = 1.0
     """Real-world seconds between sums of the PrfaaS queues' KV (an O(n) scan)."""
+    busy_rate: Literal["nominal", "current"] = "nominal"
+    """The link rate the PrfaaS option's busy share (triage, `busy_weight`) divides its KV by:
+    the link's nominal rate (the highest estimate seen: a narrowed link's backlog clears at it
+    once the link heals) or the current estimate (the rate the prediction uses)."""
 
 
 class PolicyConfig(StrictModel):

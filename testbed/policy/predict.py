@@ -59,7 +59,7 @@ class Prediction:
     """T_prefill on PD-P over the number of PD-P instances."""
     prfaas_busy: float = 0.0
     """The larger of T_prefill on PrfaaS over the number of PrfaaS instances and the KV's time
-    on the link (one link: all of its capacity)."""
+    on the link (one link: all of its capacity) at the rate `PredictConfig.busy_rate` names."""
     pull_tokens: int = 0
     """Prefix pulled from PrfaaS before a PD-P prefill (the local option's plan), 0 if none."""
 
@@ -102,12 +102,14 @@ def predict(
     floor_bps: float = 0.0,
     n_local: int = 1,
     n_prfaas: int = 1,
+    nominal_bps: float = 0.0,
 ) -> Prediction:
     """First-token time of `request` on each option (see the module docstring). `pending_kv`:
     real-world KV bytes of every request outstanding on PrfaaS (sent, in flight or still to be
     computed), which the link carries before or alongside this request's; `floor_bps`: the
     least bandwidth to believe in (`link_rate`); `n_local`, `n_prfaas`: prefill instances in
-    each cluster (the busy shares)."""
+    each cluster (the busy shares); `nominal_bps`: the link's nominal rate (the highest
+    estimate seen), which the busy share uses when `busy_rate` is "nominal"."""
     inf = float("inf")
     bw = link_rate(link, config, floor_bps)
     rtt = link.rtt_s or 0.0
@@ -140,7 +142,11 @@ def predict(
         # KV leaves layer by layer during the prefill: the link part only adds where it
         # outlasts the prefill
         t_prfaas = max(prefill_done, (ahead + kv) / bw) + rtt
-        busy_prfaas = max(compute / max(n_prfaas, 1), kv / bw)
+        # what the KV costs the requests after it: a narrowed link's backlog clears at the
+        # nominal rate once the link heals, while a PD-P queue at capacity never clears
+        # (docs/scheduler.md, "Triage")
+        busy_bw = nominal_bps if config.busy_rate == "nominal" and nominal_bps > 0 else bw
+        busy_prfaas = max(compute / max(n_prfaas, 1), kv / busy_bw)
     return Prediction(t_local, t_prfaas, busy_local, busy_prfaas, pull)
 
 
@@ -240,7 +246,7 @@ class PrfaasPredict:
         floor = self.config.min_bandwidth_share * self._peak_bps
         n = self._n
         p = predict(request, local, prfaas, costs, link, self.config, pending, floor,
-                    n["local"], n["prfaas"])  # fmt: skip
+                    n["local"], n["prfaas"], self._peak_bps)  # fmt: skip
         self.predicted += 1
         self.last = p
         cluster = self.choose(p)
@@ -256,9 +262,16 @@ class PrfaasPredict:
     def choose(self, p: Prediction) -> Cluster:
         """The option whose first token comes first, plus `busy_weight` x the share of its
         cluster it takes; a request that misses `ttft_target` on both goes where it takes the
-        smaller share (it is late anyway; the ones behind it need not be)."""
+        smaller share (it is late anyway; the ones behind it need not be), or, with
+        `triage_weight` k, where its first token plus k x its share is least."""
         w, target = self.config.busy_weight, self.config.ttft_target
         best = min(p.local, p.prfaas)
+        k = self.config.triage_weight
+        if target is not None and best > target and k is not None:
+            # the dial between the two: how many seconds of its own first token a late request
+            # gives up per second of capacity it spares the ones behind it
+            weighted_prfaas = p.prfaas + k * p.prfaas_busy
+            return "prfaas" if weighted_prfaas < p.local + k * p.local_busy else "local"
         if target is not None and best > target:
             lighter: Cluster = "prfaas" if p.prfaas_busy < p.local_busy else "local"
             slack = self.config.triage_slack

@@ -348,6 +348,35 @@ def test_triage_slack_bounds_how_much_later_the_lighter_option_may_be() -> None:
     assert _decides(PredictConfig(ttft_target=60.0), req(40_000), s) == "local"
 
 
+def test_triage_weight_dials_between_the_first_token_and_the_share() -> None:
+    # late on both: 28 s on PD-P (busy 8 s), 47 s on PrfaaS (busy 2 s)
+    s = snap(local_wait=20.0, prfaas_wait=45.0)
+    assert _decides(PredictConfig(), req(40_000), s) == "prfaas"  # the smaller share outright
+    assert _decides(PredictConfig(triage_weight=1.0), req(40_000), s) == "local"  # 36 vs 49
+    assert _decides(PredictConfig(triage_weight=5.0), req(40_000), s) == "prfaas"  # 68 vs 57
+    # on time somewhere, the dial is not consulted: 10K, 2 s on PD-P against 3.1 s (with k = 5
+    # PrfaaS would win, 5.6 against 12)
+    assert _decides(PredictConfig(triage_weight=5.0), req(10_000), snap(prfaas_wait=2.5)) == "local"
+
+
+def test_busy_rate_charges_the_kv_at_the_links_nominal_rate() -> None:
+    # the link narrowed from 100 to 2 Gbps; a 40K prompt is late either way: 28 s on PD-P
+    # (busy 8 s), 17.8 s on PrfaaS, whose 4 GB of KV hold the narrowed link 17.8 s but the
+    # healed one 0.3 s (its compute share, 2 s, is the larger)
+    narrow = LinkView(2 * GBPS, 0.0, None, 0.0, True)
+    for rate, expect in (("nominal", "prfaas"), ("current", "local")):
+        policy = PrfaasPredict(PredictConfig(busy_rate=rate, min_bandwidth_share=0.0))
+        policy.decide(req(1_000), snap())  # the nominal 100 Gbps seen once
+        p = policy.decide(req(40_000), snap(link=narrow, local_wait=20.0))
+        assert p.prefill_cluster == expect
+        assert policy.last is not None
+        assert policy.last.prfaas_busy == pytest.approx(2.0 if rate == "nominal" else 17.78, 1e-3)
+    # a policy that never saw the link wider takes the highest estimate it saw: 4 GB at 2 Gbps
+    fresh = PrfaasPredict(PredictConfig(min_bandwidth_share=0.0))
+    fresh.decide(req(40_000), snap(link=narrow, local_wait=20.0))
+    assert fresh.last is not None and fresh.last.prfaas_busy == pytest.approx(16.0)
+
+
 def test_count_queued_kv_and_recount_s_decide_what_counts_as_ahead() -> None:
     """The PrfaaS queues' KV is summed at most every recount_s: a sum taken while PrfaaS held
     60K tokens keeps a 40K prompt local on a narrow link, until the next sum sees them gone."""
