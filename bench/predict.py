@@ -21,7 +21,7 @@
 
 Usage: python bench/predict.py [--only drop|split|yardstick|dynamic|saturation|ablation|cost]
        [--seeds 3] [--jobs 2] [--report FILE] [--json FILE]
-About 2 1/4 minutes on 2 cores (each sim run takes 0.3-5 s).
+About 2 1/2 minutes on 2 cores (each sim run takes 0.3-5 s).
 """
 
 from __future__ import annotations
@@ -485,15 +485,27 @@ def dial_run(job: tuple[str, float | None, int]) -> dict[str, Any]:
     return {**dynamic_run((name, label, seed)), "k": k}
 
 
+def dial_saturation_run(job: tuple[float | None, int, float]) -> dict[str, Any]:
+    k, seed, duration = job
+    label = f"triage_weight: {k:g}" if k is not None else "prfaas-predict"
+    POLICIES[label] = ("prfaas-predict", {"triage_weight": k})
+    return {**saturation_run((label, seed, duration)), "k": k}
+
+
 def run_dial(
-    pool: ProcessPoolExecutor, seeds: int, rows: list[dict[str, Any]]
+    pool: ProcessPoolExecutor, seeds: int, rows: list[dict[str, Any]], duration: float = 600.0
 ) -> list[str]:  # fmt: skip
     """prfaas-predict with each `triage_weight` of DIAL on the dynamic scenarios at 100%:
     SLO attainment and P90 TTFT against the better of prfaas and prfaas-static (from `rows`,
-    the dynamic table's runs), and on how many scenarios each target holds."""
+    the dynamic table's runs), on how many scenarios each target holds, and the saturation
+    throughput each k leaves (the steady paper workload at 120%, as the saturation table)."""
     jobs = [(n, k, s) for k in DIAL if k is not None for n in DYNAMIC for s in range(seeds)]
     dial = list(pool.map(dial_run, jobs))
     dial += [{**r, "k": None} for r in rows if r["policy"] == "prfaas-predict"]
+    sat = list(pool.map(dial_saturation_run, [(k, s, duration) for k in DIAL
+                                              for s in range(seeds)]))  # fmt: skip
+    static_jobs = [("prfaas-static", s, duration) for s in range(seeds)]
+    static = statistics.fmean(r["rate_rps"] for r in pool.map(saturation_run, static_jobs))
 
     def mean(rs: list[dict[str, Any]], key: str) -> float:
         return statistics.fmean(r[key] for r in rs)
@@ -501,11 +513,14 @@ def run_dial(
     out = [
         "## The triage dial: SLO attainment against P90 TTFT (sim)\n",
         "prfaas-predict with `policy.predict.triage_weight` k (a late request goes where its "
-        "predicted first token plus k x its busy share is least; the default, none, sends it "
-        "where the share is smaller), dynamic scenarios at 100% of lambda_max, mean over "
+        "predicted first token plus k x its busy share is least, while the link is not "
+        "narrowed below half its nominal rate; the default, none, sends it where the share is "
+        "smaller), dynamic scenarios at 100% of lambda_max, mean over "
         f"{seeds} seeds. Each cell: SLO attainment / P90 TTFT; the last rows count the "
         "scenarios where attainment is at least the better of prfaas and prfaas-static's (and "
-        "5+ points above it) and where P90 TTFT is no worse than the better of the two.\n",
+        "5+ points above it) and where P90 TTFT is no worse than the better of the two; the "
+        "last, the saturation throughput of the steady paper workload at 120% (as the "
+        "saturation table below), against prfaas-static's.\n",
         "| scenario | " + " | ".join(f"k = {k:g}" if k else "default" for k in DIAL) + " |",
         "|---|" + "---|" * len(DIAL),
     ]
@@ -532,6 +547,12 @@ def run_dial(
         "| SLO >= better baseline | " + " | ".join(f"{geq[k]}/{n}" for k in DIAL) + " |",
         "| SLO 5+ points above | " + " | ".join(f"{five[k]}/{n}" for k in DIAL) + " |",
         "| P90 no worse | " + " | ".join(f"{p90_ok[k]}/{n}" for k in DIAL) + " |",
+        "| saturation req/s (vs prfaas-static) | "
+        + " | ".join(
+            f"{m:.2f} ({m / static - 1:+.1%})"
+            for m in (statistics.fmean(r["rate_rps"] for r in sat if r["k"] == k) for k in DIAL)
+        )
+        + " |",
         "",
     ]
     return out
@@ -657,7 +678,7 @@ def main() -> int:
             rows = run_dynamic(pool, args.seeds)
             raw["dynamic"] = rows
             out += render_dynamic(rows, args.seeds)
-            out += run_dial(pool, args.seeds, rows)
+            out += run_dial(pool, args.seeds, rows, args.duration)
             out += dynamic_hindsight(args.seeds, args.jobs, rows)
         if args.only in (None, "cost"):
             out += decision_cost()

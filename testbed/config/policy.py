@@ -99,8 +99,9 @@ class PredictConfig(StrictModel):
     """... if its first token there is predicted at most this factor later than on the other
     (None: whatever the factor)."""
     triage_weight: float | None = Field(None, gt=0)
-    """... or, with a weight k, where its predicted first token plus k x that share is least:
-    a dial from SLO attainment (None: the smaller share outright) towards P90 TTFT (small k);
+    """... or, with a weight k, where its predicted first token plus k x that share is least
+    (while the link is not narrowed below half its nominal rate): a dial from SLO attainment
+    and saturation throughput (None: the smaller share outright) towards P90 TTFT (small k);
     bench/reports/scheduler.md measures it."""
     recount_s: PositiveDuration = 1.0
     """Real-world seconds between sums of the PrfaaS queues' KV (an O(n) scan)."""

@@ -150,6 +150,12 @@ def predict(
     return Prediction(t_local, t_prfaas, busy_local, busy_prfaas, pull)
 
 
+NARROWED = 0.5
+"""A link estimated below this share of its nominal rate is narrowed: there `triage_weight` is
+not used and a late request goes to the smaller share outright (the link's backlog clears
+when it heals; see `PredictConfig.busy_rate`)."""
+
+
 @POLICIES.register
 class PrfaasPredict:
     """Earliest predicted first token; the paper's threshold where predictions are stale."""
@@ -249,7 +255,7 @@ class PrfaasPredict:
                     n["local"], n["prfaas"], self._peak_bps)  # fmt: skip
         self.predicted += 1
         self.last = p
-        cluster = self.choose(p)
+        cluster = self.choose(p, narrowed=link.bandwidth_bps < NARROWED * self._peak_bps)
         if cluster == "prfaas":
             self._pending_kv += costs.kv_bytes(request.input_tokens - request.cached_local)
             return self._route(request, cluster, prfaas, decode, t)
@@ -259,14 +265,15 @@ class PrfaasPredict:
                            pull_prefix_tokens=p.pull_tokens)  # fmt: skip
         return route
 
-    def choose(self, p: Prediction) -> Cluster:
+    def choose(self, p: Prediction, narrowed: bool = False) -> Cluster:
         """The option whose first token comes first, plus `busy_weight` x the share of its
         cluster it takes; a request that misses `ttft_target` on both goes where it takes the
         smaller share (it is late anyway; the ones behind it need not be), or, with
-        `triage_weight` k, where its first token plus k x its share is least."""
+        `triage_weight` k and a link that is not `narrowed`, where its first token plus k x
+        its share is least."""
         w, target = self.config.busy_weight, self.config.ttft_target
         best = min(p.local, p.prfaas)
-        k = self.config.triage_weight
+        k = None if narrowed else self.config.triage_weight
         if target is not None and best > target and k is not None:
             # the dial between the two: how many seconds of its own first token a late request
             # gives up per second of capacity it spares the ones behind it

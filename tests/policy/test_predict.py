@@ -354,6 +354,12 @@ def test_triage_weight_dials_between_the_first_token_and_the_share() -> None:
     assert _decides(PredictConfig(), req(40_000), s) == "prfaas"  # the smaller share outright
     assert _decides(PredictConfig(triage_weight=1.0), req(40_000), s) == "local"  # 36 vs 49
     assert _decides(PredictConfig(triage_weight=5.0), req(40_000), s) == "prfaas"  # 68 vs 57
+    # nor on a link narrowed below half its nominal rate: its backlog clears when it heals
+    policy = PrfaasPredict(PredictConfig(triage_weight=1.0))
+    policy.decide(req(1_000), snap())  # the nominal 100 Gbps seen once
+    narrowed = LinkView(20 * GBPS, 0.0, None, 0.02, True)
+    s20 = snap(local_wait=20.0, prfaas_wait=45.0, link=narrowed)
+    assert policy.decide(req(40_000), s20).prefill_cluster == "prfaas"
     # on time somewhere, the dial is not consulted: 10K, 2 s on PD-P against 3.1 s (with k = 5
     # PrfaaS would win, 5.6 against 12)
     assert _decides(PredictConfig(triage_weight=5.0), req(10_000), snap(prfaas_wait=2.5)) == "local"
