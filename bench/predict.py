@@ -120,9 +120,8 @@ def _rate(name: str, load: float) -> float:
     return float(rp.rate_rps)
 
 
-def drop_run(job: tuple[str, int, float | None, float] | DropJob) -> dict[str, Any]:
-    policy, seed, threshold, rate, *pin = job
-    prefill = pin[0] if pin else None
+def drop_run(job: DropJob) -> dict[str, Any]:
+    policy, seed, threshold, rate, prefill = job
     sc = _scenario(
         "bandwidth-drop", policy=policy, seed_offset=seed, threshold=threshold,
         arrivals={"load": None, "rate": rate}, prefill=prefill,
@@ -187,7 +186,7 @@ def ablation_run(job: tuple[str, str, int, float]) -> dict[str, Any]:
     knobs = ABLATIONS[label]
     POLICIES[label] = ("prfaas-predict", knobs)
     if case == "drop":
-        row = drop_run((label, seed, None, rate))
+        row = drop_run((label, seed, None, rate, None))
         return {"label": label, "case": case, "seed": seed, "value": row["p90_during_s"]}
     row = dynamic_run(("link-flap", label, seed))
     return {"label": label, "case": case, "seed": seed, "value": row["slo_attainment"]}
@@ -346,10 +345,9 @@ def _fmt(m: tuple[float, float, float] | None, spec: str, unit: str = "") -> str
 
 def run_drop(pool: ProcessPoolExecutor, seeds: int) -> dict[str, Any]:
     rate = _rate("bandwidth-drop", 0.5)
-    jobs: list[tuple[str, int, float | None, float]] = [
-        (p, s, None, rate) for p in POLICIES for s in range(seeds)
-    ]
-    jobs += [("prfaas-static", s, float(t), rate) for t in THRESHOLDS for s in range(seeds)]
+    jobs: list[DropJob] = [(p, s, None, rate, None) for p in POLICIES for s in range(seeds)]
+    jobs += [("prfaas-static", s, float(t), rate, None) for t in THRESHOLDS
+             for s in range(seeds)]  # fmt: skip
     rows = list(pool.map(drop_run, jobs))
     by_t: dict[float, list[dict[str, Any]]] = {}
     for r in rows:
@@ -478,34 +476,53 @@ DIAL = (3.0, 10.0, 30.0, 60.0, 150.0, None)
 """`policy.predict.triage_weight` values of the dial (None: the default, the smaller share)."""
 
 
-def dial_run(job: tuple[str, float | None, int]) -> dict[str, Any]:
+def _dial_policy(k: float) -> str:
+    """The row label of prfaas-predict with `triage_weight` k, registered in POLICIES (in the
+    worker process that runs it)."""
+    label = f"triage_weight: {k:g}"
+    POLICIES[label] = ("prfaas-predict", {"triage_weight": k})
+    return label
+
+
+def dial_run(job: tuple[str, float, int]) -> dict[str, Any]:
     name, k, seed = job
-    label = f"triage_weight: {k:g}" if k is not None else "prfaas-predict"
-    POLICIES[label] = ("prfaas-predict", {"triage_weight": k})
-    return {**dynamic_run((name, label, seed)), "k": k}
+    return {**dynamic_run((name, _dial_policy(k), seed)), "k": k}
 
 
-def dial_saturation_run(job: tuple[float | None, int, float]) -> dict[str, Any]:
+def dial_saturation_run(job: tuple[float, int, float]) -> dict[str, Any]:
     k, seed, duration = job
-    label = f"triage_weight: {k:g}" if k is not None else "prfaas-predict"
-    POLICIES[label] = ("prfaas-predict", {"triage_weight": k})
-    return {**saturation_run((label, seed, duration)), "k": k}
+    return {**saturation_run((_dial_policy(k), seed, duration)), "k": k}
+
+
+def _baselines(rows: list[dict[str, Any]], name: str) -> tuple[float, float]:
+    """The better SLO attainment and the lower P90 TTFT of prfaas and prfaas-static on
+    scenario `name` (means over the seeds of the dynamic table's `rows`)."""
+    means = {
+        p: [statistics.fmean(r[key] for r in rows if r["scenario"] == name and r["policy"] == p)
+            for key in ("slo_attainment", "p90_ttft_s")]
+        for p in ("prfaas", "prfaas-static")
+    }  # fmt: skip
+    return max(m[0] for m in means.values()), min(m[1] for m in means.values())
 
 
 def run_dial(
-    pool: ProcessPoolExecutor, seeds: int, rows: list[dict[str, Any]], duration: float = 600.0
-) -> list[str]:  # fmt: skip
+    pool: ProcessPoolExecutor,
+    seeds: int,
+    rows: list[dict[str, Any]],
+    saturation: list[dict[str, Any]],
+    duration: float,
+) -> list[str]:
     """prfaas-predict with each `triage_weight` of DIAL on the dynamic scenarios at 100%:
     SLO attainment and P90 TTFT against the better of prfaas and prfaas-static (from `rows`,
     the dynamic table's runs), on how many scenarios each target holds, and the saturation
-    throughput each k leaves (the steady paper workload at 120%, as the saturation table)."""
-    jobs = [(n, k, s) for k in DIAL if k is not None for n in DYNAMIC for s in range(seeds)]
-    dial = list(pool.map(dial_run, jobs))
+    throughput each k leaves (the steady paper workload at 120%; the default's and
+    prfaas-static's come from `saturation`, the saturation table's runs)."""
+    ks = [k for k in DIAL if k is not None]
+    dial = list(pool.map(dial_run, [(n, k, s) for k in ks for n in DYNAMIC for s in range(seeds)]))
     dial += [{**r, "k": None} for r in rows if r["policy"] == "prfaas-predict"]
-    sat = list(pool.map(dial_saturation_run, [(k, s, duration) for k in DIAL
-                                              for s in range(seeds)]))  # fmt: skip
-    static_jobs = [("prfaas-static", s, duration) for s in range(seeds)]
-    static = statistics.fmean(r["rate_rps"] for r in pool.map(saturation_run, static_jobs))
+    sat = list(pool.map(dial_saturation_run, [(k, s, duration) for k in ks for s in range(seeds)]))
+    sat += [{**r, "k": None} for r in saturation if r["policy"] == "prfaas-predict"]
+    static = statistics.fmean(r["rate_rps"] for r in saturation if r["policy"] == "prfaas-static")
 
     def mean(rs: list[dict[str, Any]], key: str) -> float:
         return statistics.fmean(r[key] for r in rs)
@@ -528,11 +545,7 @@ def run_dial(
     five = dict.fromkeys(DIAL, 0)
     p90_ok = dict.fromkeys(DIAL, 0)
     for name in DYNAMIC:
-        base = [r for r in rows if r["scenario"] == name]
-        ref_slo = max(mean([r for r in base if r["policy"] == p], "slo_attainment")
-                      for p in ("prfaas", "prfaas-static"))  # fmt: skip
-        ref_p90 = min(mean([r for r in base if r["policy"] == p], "p90_ttft_s")
-                      for p in ("prfaas", "prfaas-static"))  # fmt: skip
+        ref_slo, ref_p90 = _baselines(rows, name)
         cells = []
         for k in DIAL:
             rs = [r for r in dial if r["scenario"] == name and r["k"] == k]
@@ -595,16 +608,10 @@ def dynamic_hindsight(seeds: int, jobs: int, rows: list[dict[str, Any]]) -> list
         by_slo = max(sets, key=lambda x: x["slo_attainment"])
         by_p90 = min(sets, key=lambda x: x["ttft_p90_s"])
 
-        def mean(p: str, key: str, name: str = name) -> float:
-            vals = [r[key] for r in rows if r["scenario"] == name and r["policy"] == p]
-            return statistics.fmean(vals)
-
-        pred_slo, pred_p90 = (
-            mean("prfaas-predict", "slo_attainment"),
-            mean("prfaas-predict", "p90_ttft_s"),
-        )
-        ref_p90 = min(mean("prfaas", "p90_ttft_s"), mean("prfaas-static", "p90_ttft_s"))
-        ref_slo = max(mean("prfaas", "slo_attainment"), mean("prfaas-static", "slo_attainment"))
+        pred = [r for r in rows if r["scenario"] == name and r["policy"] == "prfaas-predict"]
+        pred_slo = statistics.fmean(r["slo_attainment"] for r in pred)
+        pred_p90 = statistics.fmean(r["p90_ttft_s"] for r in pred)
+        ref_slo, ref_p90 = _baselines(rows, name)
         both = [
             x for x in sets
             if x["slo_attainment"] >= ref_slo + 0.05 and x["ttft_p90_s"] <= ref_p90
@@ -674,20 +681,23 @@ def main() -> int:
             print("\n".join(out[-6:]), flush=True)
         if args.only in (None, "yardstick"):
             out += yardstick(args.seeds, args.jobs)
+        saturation: list[dict[str, Any]] = []
+        if args.only in (None, "dynamic", "saturation"):
+            # the saturation table's runs; the dial reuses its default and prfaas-static rows
+            saturation = run_saturation(pool, args.seeds, args.duration)
         if args.only in (None, "dynamic"):
             rows = run_dynamic(pool, args.seeds)
             raw["dynamic"] = rows
             out += render_dynamic(rows, args.seeds)
-            out += run_dial(pool, args.seeds, rows, args.duration)
+            out += run_dial(pool, args.seeds, rows, saturation, args.duration)
             out += dynamic_hindsight(args.seeds, args.jobs, rows)
         if args.only in (None, "cost"):
             out += decision_cost()
         if args.only in (None, "ablation"):
             out += run_ablation(pool, args.seeds)
         if args.only in (None, "saturation"):
-            rows = run_saturation(pool, args.seeds, args.duration)
-            raw["saturation"] = rows
-            out += render_saturation(rows, args.seeds, args.duration)
+            raw["saturation"] = saturation
+            out += render_saturation(saturation, args.seeds, args.duration)
     text = "\n".join(out)
     print(text)
     if args.report:
