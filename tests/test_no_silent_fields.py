@@ -492,6 +492,7 @@ FLAGS: dict[str, Tests] = {
     "testbed hindsight --out": HS_CLI,
     "testbed hindsight --jobs": HS_CLI,
     "testbed hindsight --quiet": HS_CLI,
+    "testbed hindsight --set": HS + "test_cli_set_changes_the_scenario_the_grid_runs",
     "testbed scorecard --policy": (
         SC_CLI,
         SC + "test_a_policy_that_cannot_load_stops_before_any_run",
@@ -552,6 +553,7 @@ FLAGS: dict[str, Tests] = {
         "tests/scenario/test_shaper_tc.py::test_bandwidth_drop_with_the_kernel_shaper",
     ),
     "testbed run --quiet": CLI + "test_quiet_drops_the_progress_bar",
+    "testbed run --set": CLI + "test_set_writes_fields_of_the_scenario_for_this_run",
     "testbed run --percentiles": (
         UP + "test_percentiles_flag_of_run_and_its_errors",
         "tests/metrics/test_bench.py::test_configured_percentiles_join_the_fixed_ones",

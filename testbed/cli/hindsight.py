@@ -14,11 +14,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed.cli.run import add_set
 from testbed.errors import UserError
 from testbed.metrics.scorecard import hindsight_markdown, write_hindsight
 from testbed.scenario.hindsight import OBJECTIVES, Objective, best_fixed
 from testbed.scenario.library import resolve_scenario
 from testbed.scenario.schema import load_scenario
+from testbed.scenario.sweep import scenario_with_settings
 from testbed.units import UnitError, parse_tokens
 
 
@@ -48,9 +50,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.substrate != "sim":
         raise UserError("hindsight runs on the sim substrate only (it sweeps a whole grid)")
     path = resolve_scenario(args.scenario)
-    objective: Objective = args.objective or (
-        "ttft-p90-fault" if load_scenario(path).nemesis else "goodput"
-    )
+    scenario = scenario_with_settings(path, args.settings) if args.settings else load_scenario(path)
+    objective: Objective = args.objective or ("ttft-p90-fault" if scenario.nemesis else "goodput")
     out = Path(args.out) if args.out else Path("results") / f"hindsight-{path.stem}"
 
     def show(i: int, row: dict[str, Any]) -> None:
@@ -75,6 +76,7 @@ def _run(args: argparse.Namespace) -> int:
         sweep_split=not args.no_splits,
         jobs=args.jobs,
         on_row=show,
+        overrides=args.settings,
     )
     data = result.to_json()
     write_hindsight(data, out)
@@ -128,6 +130,7 @@ def add_parser(sub: Any) -> None:
         help="what 'best' means (default: ttft-p90-fault when the scenario has faults, else "
         "goodput)",
     )
+    add_set(p)
     p.add_argument("--out", metavar="DIR", help="output directory (default results/hindsight-NAME)")
     p.add_argument("--jobs", type=int, metavar="N", help="local processes (default: cores)")
     p.add_argument("--quiet", action="store_true", help="no line per finished run")

@@ -21,6 +21,7 @@ from testbed.scenario.library import LIBRARY_DIR, library_scenarios, resolve_sce
 from testbed.scenario.plan import RunOptions, RunPlan, RunResult, prepare_run
 from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import load_scenario
+from testbed.scenario.sweep import parse_setting, scenario_with_settings
 from testbed.substrate import SUBSTRATES
 from testbed.units import UnitError, parse_duration
 
@@ -58,13 +59,37 @@ def add_percentiles(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _setting(text: str) -> tuple[str, str]:
+    try:
+        return parse_setting(text)
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_set(p: argparse.ArgumentParser) -> None:
+    """`--set PATH=VALUE`, repeatable (run and hindsight): a field of the scenario file
+    replaced for this run, by the paths `testbed sweep --set` takes."""
+    p.add_argument(
+        "--set",
+        type=_setting,
+        action="append",
+        default=[],
+        dest="settings",
+        metavar="PATH=VALUE",
+        help="replace a field of the scenario file for this run, by its path in the file, e.g. "
+        "workload.arrivals.load=1.0 or deployments.prfaas-pd.link.bandwidth=10Gbps; repeat for "
+        "more fields (the command line and the scenario's digest go to summary.json)",
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if args.substrate not in RUN_SUBSTRATES:
         raise UserError(
             f"substrate {args.substrate!r} is not available; use one of {', '.join(RUN_SUBSTRATES)}"
         )
-    scenario = load_scenario(resolve_scenario(args.scenario))
+    path = resolve_scenario(args.scenario)
+    scenario = scenario_with_settings(path, args.settings) if args.settings else load_scenario(path)
     out = Path(args.out) if args.out else Path("results") / scenario.name
     opts = RunOptions(
         substrate=args.substrate,
@@ -172,6 +197,7 @@ def add_parser(sub: Any) -> None:
         choices=("emulator", "tc"),
         help="what caps the link's bandwidth (default: the scenario's link.shaper)",
     )
+    add_set(p)
     p.add_argument("--out", metavar="DIR", help="results directory (default: results/NAME)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_percentiles(p)

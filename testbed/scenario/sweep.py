@@ -37,7 +37,17 @@ from testbed.scenario.schema import Scenario, scenario_from_data
 from testbed.scenario.sim_run import sim_inputs
 from testbed.sim import simulate
 
-__all__ = ["FLAG_GAP", "Axis", "Cell", "cells", "parse_set", "run_cell", "run_grid"]
+__all__ = [
+    "FLAG_GAP",
+    "Axis",
+    "Cell",
+    "cells",
+    "parse_set",
+    "parse_setting",
+    "run_cell",
+    "run_grid",
+    "scenario_with_settings",
+]
 
 FLAG_GAP = 0.10
 """Sim saturation vs the planner's lambda_max beyond which a cell is flagged."""
@@ -78,6 +88,27 @@ def parse_set(text: str) -> Axis:
     if len(set(vals)) != len(vals):
         raise UserError(f"--set {text!r}: a value given twice")
     return Axis(path, vals)
+
+
+def parse_setting(text: str) -> tuple[str, str]:
+    """`path=value` of `testbed run --set` and `testbed hindsight --set`: one value, written as
+    YAML (`1.0`, `10Gbps`, `[]`, `{name: prfaas}`; commas belong to the value)."""
+    path, sep, value = text.partition("=")
+    path, value = path.strip(), value.strip()
+    if not sep or not path or not value:
+        raise UserError(f"--set {text!r}: write it as path=value, e.g. workload.arrivals.load=1.0")
+    if any(not part for part in path.split(".")):
+        raise UserError(f"--set {text!r}: {path!r} is not a dotted path")
+    return path, value
+
+
+def scenario_with_settings(scenario_path: Path, settings: Sequence[tuple[str, str]]) -> Scenario:
+    """The scenario file with each (path, value) written in, validated like the file: what
+    `testbed run --set` runs. Errors name the file, the field and the settings."""
+    paths = [p for p, _ in settings]
+    if len(set(paths)) != len(paths):
+        raise UserError("each path may be --set once")
+    return cell_scenario(Cell(str(scenario_path), tuple(settings), saturation=False))
 
 
 def cells(scenario_path: Path, axes: Sequence[Axis], *, saturation: bool = True) -> list[Cell]:

@@ -73,6 +73,29 @@ def test_run_flags_reach_the_plan_and_the_options(
     assert {(r.input_tokens, r.output_tokens) for r in rp.requests} == {(777, 5)}
 
 
+def test_set_writes_fields_of_the_scenario_for_this_run(
+    runs: list[tuple[RunPlan, RunOptions]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", TINY, "--quiet", "--out", str(tmp_path / "a")]) == 0
+    argv = ["run", TINY, "--quiet", "--out", str(tmp_path / "b"),
+            "--set", "workload.arrivals.rate=0.5", "--set", "policy.name=prfaas"]  # fmt: skip
+    assert main(argv) == 0
+    (base, _), (rp, _) = runs
+    assert (base.rate_rps, base.policy) == (1.0, "prfaas-static")
+    assert (rp.rate_rps, rp.policy) == (0.5, "prfaas")
+    assert len(rp.requests) < len(base.requests)  # the workload follows the rate written in
+    # a bad value fails like the file would, naming the file, the field and the --set
+    assert main(["run", TINY, "--quiet", "--set", "workload.arrivals.rate=x"]) == 2
+    err = capsys.readouterr().err
+    assert "tiny.yaml: workload.arrivals.rate" in err and "with --set" in err
+    with pytest.raises(SystemExit):
+        main(["run", TINY, "--set", "load"])
+    assert "write it as path=value" in capsys.readouterr().err
+    assert main(["run", TINY, "--quiet", "--set", "seed=1", "--set", "seed=2"]) == 2
+    assert "each path may be --set once" in capsys.readouterr().err
+    assert len(runs) == 2
+
+
 def test_shaper_overrides_the_link_shaper_and_the_header_says_which(
     runs: list[tuple[RunPlan, RunOptions]],
     tmp_path: Path,

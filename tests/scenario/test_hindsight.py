@@ -193,6 +193,20 @@ def test_cli_writes_the_table_and_prints_the_best(
     assert not any(line.startswith("[") for line in capsys.readouterr().err.splitlines())
 
 
+def test_cli_set_changes_the_scenario_the_grid_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["hindsight", "jitter", "--no-splits", "--seeds", "1", "--quiet", "--thresholds",
+            "19.5K"]  # fmt: skip
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    assert "objective ttft-p90-fault" in capsys.readouterr().err  # jitter has a fault
+    quiet = ["--set", "nemesis=[]", "--set", "checkers=[]", "--set", "workload.arrivals.load=0.2"]
+    assert main([*argv, *quiet, "--out", str(tmp_path / "b")]) == 0
+    assert "objective goodput" in capsys.readouterr().err  # no fault left: the other objective
+    a, b = (json.loads((tmp_path / d / "hindsight.json").read_text()) for d in "ab")
+    assert b["rows"][0]["goodput_rps"] < 0.5 * a["rows"][0]["goodput_rps"]
+
+
 def test_cli_refuses_a_live_substrate(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["hindsight", "burst", "--substrate", "local"]) == 2
     assert "sim substrate only" in capsys.readouterr().err

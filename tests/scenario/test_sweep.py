@@ -11,7 +11,16 @@ from testbed.cli import main
 from testbed.errors import UserError
 from testbed.metrics.sweep import pareto_front
 from testbed.scenario.library import LIBRARY_DIR
-from testbed.scenario.sweep import Cell, cell_scenario, cells, parse_set, run_cell, run_grid
+from testbed.scenario.sweep import (
+    Cell,
+    cell_scenario,
+    cells,
+    parse_set,
+    parse_setting,
+    run_cell,
+    run_grid,
+    scenario_with_settings,
+)
 
 PAPER = LIBRARY_DIR / "paper.yaml"
 BW = "deployments.prfaas-pd.link.bandwidth"
@@ -26,6 +35,16 @@ N = "deployments.prfaas-pd.prfaas.instances"
 def test_bad_sets_are_one_line(text: str, needle: str) -> None:
     with pytest.raises(UserError, match=needle):
         parse_set(text)
+
+
+def test_one_setting_keeps_its_commas_and_names_its_mistakes() -> None:
+    fixed = "workload.lengths={kind: fixed, tokens: 100}"
+    assert parse_setting(fixed) == ("workload.lengths", "{kind: fixed, tokens: 100}")
+    for text, needle in (("x", "path=value"), ("a=", "path=value"), ("a..b=1", "dotted")):
+        with pytest.raises(UserError, match=needle):
+            parse_setting(text)
+    sc = scenario_with_settings(PAPER, [parse_setting(fixed)])
+    assert sc.workload.lengths is not None and sc.workload.lengths.kind == "fixed"
 
 
 def test_the_grid_is_the_product_of_the_axes() -> None:
