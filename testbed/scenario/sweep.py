@@ -134,7 +134,7 @@ def _write(data: dict[str, Any], path: str, raw: str) -> None:
     node: Any = data
     parts = path.split(".")
     i = 0
-    while True:
+    for _ in parts:  # each step takes at least one part
         if isinstance(node, dict):
             n = next(
                 (n for n in range(len(parts) - i, 1, -1) if ".".join(parts[i : i + n]) in node), 1
