@@ -23,6 +23,11 @@ __all__ = ["DecodeBatcher", "DecodeSlot", "PrefillEngine", "wire_layer_bytes"]
 # Below this wall-clock gap between layer completions, layers are emitted together: waking
 # thousands of times a second costs more CPU than the timing precision is worth.
 MIN_LAYER_WAKEUP_S = 0.002
+CATCH_UP_S = 0.005
+"""Wall seconds a prefill may start in the past: where it was waiting when the one before it
+ended (back to back), it starts at that end, not when the worker got round to it, so the wake-up
+lateness of one prefill and the worker's hand-over do not add up into lost capacity (the sim
+has neither). Bounded: a longer stall (a paused process, a starved CPU) is real and stays."""
 
 
 def wire_layer_bytes(model: ModelProfile, uncached_tokens: float, byte_scale: float) -> list[int]:
@@ -44,19 +49,36 @@ class PrefillEngine:
     byte_scale: float
     timing: TimingMeter = field(init=False)
 
+    started_at: float = field(init=False, default=-float("inf"))
+    """Wall instant (time.monotonic) the last prefill started, as `start_of` put it."""
+    free_at: float = field(init=False, default=-float("inf"))
+    """Wall instant the last prefill was scheduled to end."""
+
     def __post_init__(self) -> None:
         self.timing = TimingMeter(self.clock)
+
+    def start_of(self, ready_at: float) -> float:
+        """When a prefill whose work was ready at `ready_at` (wall) starts: now, or the
+        scheduled end of the one before it when it was waiting for that and the end is at most
+        CATCH_UP_S ago."""
+        now = time.monotonic()
+        back_to_back = max(ready_at, self.free_at)
+        return back_to_back if now - CATCH_UP_S <= back_to_back <= now else now
 
     def duration(self, uncached_tokens: float) -> float:
         """Wall-clock seconds of one prefill."""
         return self.clock.wall(self.model.prefill_time(self.hardware, uncached_tokens))
 
-    async def run(self, uncached_tokens: float, on_layer: LayerSink) -> None:
-        """Prefill; each layer completes after an equal share of the prefill time."""
+    async def run(
+        self, uncached_tokens: float, on_layer: LayerSink, ready_at: float | None = None
+    ) -> None:
+        """Prefill; each layer completes after an equal share of the prefill time. `ready_at`:
+        the wall instant the work was ready (see `start_of`); None starts now."""
         sizes = wire_layer_bytes(self.model, uncached_tokens, self.byte_scale)
         n = len(sizes)
         total = self.duration(uncached_tokens)
-        start = time.monotonic()
+        start = time.monotonic() if ready_at is None else self.start_of(ready_at)
+        self.started_at, self.free_at = start, start + total
         per_layer = total / n
         group = max(1, math.ceil(MIN_LAYER_WAKEUP_S / per_layer)) if per_layer > 0 else n
         for first in range(0, n, group):

@@ -69,6 +69,8 @@ class PrefillState(PrefillQueue[PrefillJob]):
         try:
             job.answer = await self.engine.run(job.id, job.work, sizes, on_layer)
             job.times["prefill_end"] = self.clock.now()
+            if "prefill_start" in job.answer:  # the engine counted from an earlier start
+                job.times["prefill_start"] = float(job.answer.pop("prefill_start"))
         finally:
             layers.put_nowait(None)  # after prefill_end: the transfer checks it at the sentinel
 

@@ -4,7 +4,13 @@ import asyncio
 import time
 
 from testbed.clock import LiveClock
-from testbed.engine.emulated import DecodeBatcher, DecodeSlot, PrefillEngine, wire_layer_bytes
+from testbed.engine.emulated import (
+    CATCH_UP_S,
+    DecodeBatcher,
+    DecodeSlot,
+    PrefillEngine,
+    wire_layer_bytes,
+)
 from testbed.profiles import MODELS
 
 MODEL = MODELS["internal-1t-hybrid"]
@@ -26,6 +32,35 @@ async def test_prefill_emits_every_layer_in_order_over_the_modelled_time() -> No
     # layers arrive progressively, not all at the end (layer-wise pipelining)
     assert seen[0][2] - start < 0.5 * elapsed
     assert engine.timing.stats()["operations"] == 1
+
+
+async def test_back_to_back_prefills_lose_no_time_to_the_hand_over() -> None:
+    # The second prefill was waiting when the first ended: it starts at the first's scheduled
+    # end, however late the worker gets to it (within CATCH_UP_S), so n prefills take n x T.
+    engine = PrefillEngine(MODEL, "h200x8", LiveClock(time_scale=20.0), byte_scale=1000.0)
+
+    async def sink(layer: int, nbytes: int) -> None:
+        pass
+
+    ready = time.monotonic()
+    await engine.run(8 * 1024, sink, ready_at=ready)
+    first_end = engine.free_at
+    time.sleep(0.003)  # the worker's hand-over, stretched (a busy event loop)
+    await engine.run(8 * 1024, sink, ready_at=ready)
+    assert engine.started_at == first_end
+    assert engine.free_at == first_end + engine.duration(8 * 1024)
+
+
+def test_a_stall_longer_than_the_catch_up_is_kept() -> None:
+    engine = PrefillEngine(MODEL, "h200x8", LiveClock(time_scale=20.0), byte_scale=1000.0)
+    now = time.monotonic()
+    engine.free_at = now - 10 * CATCH_UP_S  # a paused process, a starved CPU: real time lost
+    assert engine.start_of(ready_at=now - 20.0) >= now
+    # an idle engine starts a request when it was ready, if the worker came to it at once
+    engine.free_at = now - 20.0
+    assert engine.start_of(ready_at=now - CATCH_UP_S / 2) == now - CATCH_UP_S / 2
+    # never in the future, and never before the request was there
+    assert engine.start_of(ready_at=now + 1.0) <= time.monotonic()
 
 
 def test_wire_bytes_are_scaled_kv_size() -> None:

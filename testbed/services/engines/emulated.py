@@ -3,8 +3,9 @@ bytes (transfer.payload), sized by S_kv / byte_scale; profile-timed continuous b
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from testbed.clock import Clock
@@ -26,6 +27,8 @@ class PrefillWork:
     kv_tokens: int | None = None
     """Tokens whose KV goes to decode, when not the computed ones (prefix cache: the decode
     side already holds part of the prompt, or needs a cached part this prefill skipped)."""
+    ready_at: float = field(default_factory=time.monotonic, compare=False)
+    """Wall instant the request reached the worker (PrefillEngine.start_of)."""
 
 
 class EmulatedPrefill:
@@ -62,8 +65,9 @@ class EmulatedPrefill:
         async def layer_done(layer: int, nbytes: int) -> None:
             on_layer(layer, sizes[layer])  # the layer's KV as decode needs it
 
-        await self.engine.run(work.uncached_tokens, layer_done)
-        return {}
+        await self.engine.run(work.uncached_tokens, layer_done, work.ready_at)
+        # the start the profile's time counts from (PrefillEngine.start_of), for the record
+        return {"prefill_start": self.engine.clock.at(self.engine.started_at)}
 
     def payload(self, rid: str, layer: int, item: Any) -> memoryview:
         return self._source.layer(rid, layer, int(item))
