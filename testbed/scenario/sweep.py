@@ -74,14 +74,21 @@ class Cell:
     saturation: bool = True
 
 
-def parse_set(text: str) -> Axis:
-    """`path=v1,v2,...` (values as YAML scalars: `10Gbps`, `4`, `prfaas-static`)."""
-    path, sep, values = text.partition("=")
-    path = path.strip()
-    if not sep or not path or not values.strip():
-        raise UserError(f"--set {text!r}: write it as path=value1,value2,...")
+def _path_and_value(text: str, form: str) -> tuple[str, str]:
+    """`path=...` split at the first `=`, the path checked to be dotted; `form` is what the
+    error shows as the right way to write it."""
+    path, sep, value = text.partition("=")
+    path, value = path.strip(), value.strip()
+    if not sep or not path or not value:
+        raise UserError(f"--set {text!r}: write it as {form}")
     if any(not part for part in path.split(".")):
         raise UserError(f"--set {text!r}: {path!r} is not a dotted path")
+    return path, value
+
+
+def parse_set(text: str) -> Axis:
+    """`path=v1,v2,...` (values as YAML scalars: `10Gbps`, `4`, `prfaas-static`)."""
+    path, values = _path_and_value(text, "path=value1,value2,...")
     vals = tuple(v.strip() for v in values.split(","))
     if any(not v for v in vals):
         raise UserError(f"--set {text!r}: an empty value")
@@ -93,13 +100,7 @@ def parse_set(text: str) -> Axis:
 def parse_setting(text: str) -> tuple[str, str]:
     """`path=value` of `testbed run --set` and `testbed hindsight --set`: one value, written as
     YAML (`1.0`, `10Gbps`, `[]`, `{name: prfaas}`; commas belong to the value)."""
-    path, sep, value = text.partition("=")
-    path, value = path.strip(), value.strip()
-    if not sep or not path or not value:
-        raise UserError(f"--set {text!r}: write it as path=value, e.g. workload.arrivals.load=1.0")
-    if any(not part for part in path.split(".")):
-        raise UserError(f"--set {text!r}: {path!r} is not a dotted path")
-    return path, value
+    return _path_and_value(text, "path=value, e.g. workload.arrivals.load=1.0")
 
 
 def scenario_with_settings(scenario_path: Path, settings: Sequence[tuple[str, str]]) -> Scenario:
