@@ -472,26 +472,30 @@ def render_dynamic(rows: list[dict[str, Any]], seeds: int) -> list[str]:
     return out
 
 
-DIAL = (3.0, 10.0, 30.0, 60.0, 150.0, None)
-"""`policy.predict.triage_weight` values of the dial (None: the default, the smaller share)."""
+DIAL: tuple[tuple[str, dict[str, float]], ...] = (
+    *((f"k = {k:g}", {"triage_weight": k}) for k in (3.0, 10.0, 30.0, 60.0, 150.0)),
+    ("k = 30, reserve 0.9", {"triage_weight": 30.0, "local_reserve": 0.9}),
+    ("default", {}),
+)
+"""Columns of the dial: (label, `policy.predict` knobs); "default" is the dynamic table's
+prfaas-predict (the smaller share outright, no reserve)."""
 
 
-def _dial_policy(k: float) -> str:
-    """The row label of prfaas-predict with `triage_weight` k, registered in POLICIES (in the
-    worker process that runs it)."""
-    label = f"triage_weight: {k:g}"
-    POLICIES[label] = ("prfaas-predict", {"triage_weight": k})
+def _dial_policy(label: str) -> str:
+    """The row label of prfaas-predict with the knobs of DIAL's column `label`, registered in
+    POLICIES (in the worker process that runs it)."""
+    POLICIES[label] = ("prfaas-predict", dict(DIAL)[label])
     return label
 
 
-def dial_run(job: tuple[str, float, int]) -> dict[str, Any]:
-    name, k, seed = job
-    return {**dynamic_run((name, _dial_policy(k), seed)), "k": k}
+def dial_run(job: tuple[str, str, int]) -> dict[str, Any]:
+    name, label, seed = job
+    return {**dynamic_run((name, _dial_policy(label), seed)), "k": label}
 
 
-def dial_saturation_run(job: tuple[float, int, float]) -> dict[str, Any]:
-    k, seed, duration = job
-    return {**saturation_run((_dial_policy(k), seed, duration)), "k": k}
+def dial_saturation_run(job: tuple[str, int, float]) -> dict[str, Any]:
+    label, seed, duration = job
+    return {**saturation_run((_dial_policy(label), seed, duration)), "k": label}
 
 
 def _baselines(rows: list[dict[str, Any]], name: str) -> tuple[float, float]:
@@ -512,16 +516,17 @@ def run_dial(
     saturation: list[dict[str, Any]],
     duration: float,
 ) -> list[str]:
-    """prfaas-predict with each `triage_weight` of DIAL on the dynamic scenarios at 100%:
+    """prfaas-predict with each column of DIAL on the dynamic scenarios at 100%:
     SLO attainment and P90 TTFT against the better of prfaas and prfaas-static (from `rows`,
     the dynamic table's runs), on how many scenarios each target holds, and the saturation
     throughput each k leaves (the steady paper workload at 120%; the default's and
     prfaas-static's come from `saturation`, the saturation table's runs)."""
-    ks = [k for k in DIAL if k is not None]
+    labels = [label for label, _ in DIAL]
+    ks = [label for label, knobs in DIAL if knobs]
     dial = list(pool.map(dial_run, [(n, k, s) for k in ks for n in DYNAMIC for s in range(seeds)]))
-    dial += [{**r, "k": None} for r in rows if r["policy"] == "prfaas-predict"]
+    dial += [{**r, "k": "default"} for r in rows if r["policy"] == "prfaas-predict"]
     sat = list(pool.map(dial_saturation_run, [(k, s, duration) for k in ks for s in range(seeds)]))
-    sat += [{**r, "k": None} for r in saturation if r["policy"] == "prfaas-predict"]
+    sat += [{**r, "k": "default"} for r in saturation if r["policy"] == "prfaas-predict"]
     static = statistics.fmean(r["rate_rps"] for r in saturation if r["policy"] == "prfaas-static")
 
     def mean(rs: list[dict[str, Any]], key: str) -> float:
@@ -532,22 +537,23 @@ def run_dial(
         "prfaas-predict with `policy.predict.triage_weight` k (a late request goes where its "
         "predicted first token plus k x its busy share is least, while the link is not "
         "narrowed below half its nominal rate; the default, none, sends it where the share is "
-        "smaller), dynamic scenarios at 100% of lambda_max, mean over "
+        "smaller; with `local_reserve` 0.9, a request longer than 0.9 t does not take PD-P "
+        "while PrfaaS is late), dynamic scenarios at 100% of lambda_max, mean over "
         f"{seeds} seeds. Each cell: SLO attainment / P90 TTFT; the last rows count the "
         "scenarios where attainment is at least the better of prfaas and prfaas-static's (and "
         "5+ points above it) and where P90 TTFT is no worse than the better of the two; the "
         "last, the saturation throughput of the steady paper workload at 120% (as the "
         "saturation table below), against prfaas-static's.\n",
-        "| scenario | " + " | ".join(f"k = {k:g}" if k else "default" for k in DIAL) + " |",
-        "|---|" + "---|" * len(DIAL),
+        "| scenario | " + " | ".join(labels) + " |",
+        "|---|" + "---|" * len(labels),
     ]
-    geq = dict.fromkeys(DIAL, 0)
-    five = dict.fromkeys(DIAL, 0)
-    p90_ok = dict.fromkeys(DIAL, 0)
+    geq = dict.fromkeys(labels, 0)
+    five = dict.fromkeys(labels, 0)
+    p90_ok = dict.fromkeys(labels, 0)
     for name in DYNAMIC:
         ref_slo, ref_p90 = _baselines(rows, name)
         cells = []
-        for k in DIAL:
+        for k in labels:
             rs = [r for r in dial if r["scenario"] == name and r["k"] == k]
             a, q = mean(rs, "slo_attainment"), mean(rs, "p90_ttft_s")
             geq[k] += a >= ref_slo
@@ -557,13 +563,13 @@ def run_dial(
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     n = len(DYNAMIC)
     out += [
-        "| SLO >= better baseline | " + " | ".join(f"{geq[k]}/{n}" for k in DIAL) + " |",
-        "| SLO 5+ points above | " + " | ".join(f"{five[k]}/{n}" for k in DIAL) + " |",
-        "| P90 no worse | " + " | ".join(f"{p90_ok[k]}/{n}" for k in DIAL) + " |",
+        "| SLO >= better baseline | " + " | ".join(f"{geq[k]}/{n}" for k in labels) + " |",
+        "| SLO 5+ points above | " + " | ".join(f"{five[k]}/{n}" for k in labels) + " |",
+        "| P90 no worse | " + " | ".join(f"{p90_ok[k]}/{n}" for k in labels) + " |",
         "| saturation req/s (vs prfaas-static) | "
         + " | ".join(
             f"{m:.2f} ({m / static - 1:+.1%})"
-            for m in (statistics.fmean(r["rate_rps"] for r in sat if r["k"] == k) for k in DIAL)
+            for m in (statistics.fmean(r["rate_rps"] for r in sat if r["k"] == k) for k in labels)
         )
         + " |",
         "",

@@ -248,6 +248,8 @@ FIELDS: dict[str, Tests] = {
     "PredictConfig.triage_weight": PREDICT
     + "test_triage_weight_dials_between_the_first_token_and_the_share",
     "PredictConfig.busy_rate": PREDICT + "test_busy_rate_charges_the_kv_at_the_links_nominal_rate",
+    "PredictConfig.local_reserve": PREDICT
+    + "test_local_reserve_keeps_pd_p_for_short_prompts_while_prfaas_is_late",
     "PredictConfig.recount_s": PREDICT
     + "test_count_queued_kv_and_recount_s_decide_what_counts_as_ahead",
     "PolicyConfig.kind": BYOS_HTTP + "test_scenario_kind_http_names_the_policy_by_its_url",

@@ -103,6 +103,12 @@ class PredictConfig(StrictModel):
     (while the link is not narrowed below half its nominal rate): a dial from SLO attainment
     and saturation throughput (None: the smaller share outright) towards P90 TTFT (small k);
     bench/reports/scheduler.md measures it."""
+    local_reserve: float | None = Field(None, gt=0)
+    """While PrfaaS is predicted to miss `ttft_target`, a request whose locally uncached tokens
+    exceed this share of the threshold in force does not take PD-P: PD-P's on-time capacity
+    goes to short prompts, as the paper's rule keeps them (None: no reserve). With
+    `triage_weight` it keeps most of the SLO attainment the dial gives up on cache-skew
+    (docs/scheduler.md, "The local reserve")."""
     recount_s: PositiveDuration = 1.0
     """Real-world seconds between sums of the PrfaaS queues' KV (an O(n) scan)."""
     busy_rate: Literal["nominal", "current"] = "nominal"

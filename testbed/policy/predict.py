@@ -255,7 +255,14 @@ class PrfaasPredict:
                     n["local"], n["prfaas"], self._peak_bps)  # fmt: skip
         self.predicted += 1
         self.last = p
-        cluster = self.choose(p, narrowed=link.bandwidth_bps < NARROWED * self._peak_bps)
+        reserve = self.config.local_reserve
+        long_request = (
+            reserve is not None
+            and t is not None
+            and request.input_tokens - request.cached_local > reserve * t
+        )
+        narrowed = link.bandwidth_bps < NARROWED * self._peak_bps
+        cluster = self.choose(p, narrowed=narrowed, long_request=long_request)
         if cluster == "prfaas":
             self._pending_kv += costs.kv_bytes(request.input_tokens - request.cached_local)
             return self._route(request, cluster, prfaas, decode, t)
@@ -265,13 +272,17 @@ class PrfaasPredict:
                            pull_prefix_tokens=p.pull_tokens)  # fmt: skip
         return route
 
-    def choose(self, p: Prediction, narrowed: bool = False) -> Cluster:
+    def choose(self, p: Prediction, narrowed: bool = False, long_request: bool = False) -> Cluster:
         """The option whose first token comes first, plus `busy_weight` x the share of its
         cluster it takes; a request that misses `ttft_target` on both goes where it takes the
         smaller share (it is late anyway; the ones behind it need not be), or, with
         `triage_weight` k and a link that is not `narrowed`, where its first token plus k x
-        its share is least."""
+        its share is least. A `long_request` (past `local_reserve` x t) goes to PrfaaS
+        whenever PrfaaS is late: under overload PD-P's on-time capacity serves more requests
+        if it serves short ones."""
         w, target = self.config.busy_weight, self.config.ttft_target
+        if long_request and target is not None and p.prfaas > target and p.prfaas < float("inf"):
+            return "prfaas"
         best = min(p.local, p.prfaas)
         k = None if narrowed else self.config.triage_weight
         if target is not None and best > target and k is not None:

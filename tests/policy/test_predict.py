@@ -365,6 +365,27 @@ def test_triage_weight_dials_between_the_first_token_and_the_share() -> None:
     assert _decides(PredictConfig(triage_weight=5.0), req(10_000), snap(prfaas_wait=2.5)) == "local"
 
 
+def test_local_reserve_keeps_pd_p_for_short_prompts_while_prfaas_is_late() -> None:
+    # t = 20K, reserve 0.9: past 18K uncached locally a request is long. PrfaaS 15 s behind
+    # (late); 19K takes 3.8 s on PD-P, on time: the earliest, unless it is long
+    late = snap(prfaas_wait=15.0)
+    reserve = PredictConfig(local_reserve=0.9)
+    assert _decides(PredictConfig(), req(19_000), late) == "local"
+    assert _decides(reserve, req(19_000), late) == "prfaas"
+    assert _decides(reserve, req(17_000), late) == "local"  # short: PD-P's on-time slot
+    # what PD-P's cache holds is not work: 19K with 2K cached locally is short
+    assert _decides(reserve, req(19_000, local=2_000), late) == "local"
+    # PrfaaS on time (5 s behind, 19K there in 5.95 s + transfer): the earliest decides
+    assert _decides(reserve, req(19_000), snap(prfaas_wait=5.0)) == "local"
+    # late on both (PD-P 12 s behind, PrfaaS 40 s): the dial (k = 1) sends both PD-P's way
+    # (19K: 15.8 + 3.8 against 41 + 1); the reserve takes the long one off it
+    both = snap(local_wait=12.0, prfaas_wait=40.0)
+    assert _decides(PredictConfig(triage_weight=1.0), req(19_000), both) == "local"
+    dial = PredictConfig(local_reserve=0.9, triage_weight=1.0)
+    assert _decides(dial, req(19_000), both) == "prfaas"
+    assert _decides(dial, req(17_000), both) == "local"
+
+
 def test_busy_rate_charges_the_kv_at_the_links_nominal_rate() -> None:
     # the link narrowed from 100 to 2 Gbps; a 40K prompt is late either way: 28 s on PD-P
     # (busy 8 s), 17.8 s on PrfaaS, whose 4 GB of KV hold the narrowed link 17.8 s but the
