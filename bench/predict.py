@@ -490,12 +490,12 @@ def _dial_policy(label: str) -> str:
 
 def dial_run(job: tuple[str, str, int]) -> dict[str, Any]:
     name, label, seed = job
-    return {**dynamic_run((name, _dial_policy(label), seed)), "k": label}
+    return {**dynamic_run((name, _dial_policy(label), seed)), "column": label}
 
 
 def dial_saturation_run(job: tuple[str, int, float]) -> dict[str, Any]:
     label, seed, duration = job
-    return {**saturation_run((_dial_policy(label), seed, duration)), "k": label}
+    return {**saturation_run((_dial_policy(label), seed, duration)), "column": label}
 
 
 def _baselines(rows: list[dict[str, Any]], name: str) -> tuple[float, float]:
@@ -524,9 +524,9 @@ def run_dial(
     labels = [label for label, _ in DIAL]
     ks = [label for label, knobs in DIAL if knobs]
     dial = list(pool.map(dial_run, [(n, k, s) for k in ks for n in DYNAMIC for s in range(seeds)]))
-    dial += [{**r, "k": "default"} for r in rows if r["policy"] == "prfaas-predict"]
+    dial += [{**r, "column": "default"} for r in rows if r["policy"] == "prfaas-predict"]
     sat = list(pool.map(dial_saturation_run, [(k, s, duration) for k in ks for s in range(seeds)]))
-    sat += [{**r, "k": "default"} for r in saturation if r["policy"] == "prfaas-predict"]
+    sat += [{**r, "column": "default"} for r in saturation if r["policy"] == "prfaas-predict"]
     static = statistics.fmean(r["rate_rps"] for r in saturation if r["policy"] == "prfaas-static")
 
     def mean(rs: list[dict[str, Any]], key: str) -> float:
@@ -554,7 +554,7 @@ def run_dial(
         ref_slo, ref_p90 = _baselines(rows, name)
         cells = []
         for k in labels:
-            rs = [r for r in dial if r["scenario"] == name and r["k"] == k]
+            rs = [r for r in dial if r["scenario"] == name and r["column"] == k]
             a, q = mean(rs, "slo_attainment"), mean(rs, "p90_ttft_s")
             geq[k] += a >= ref_slo
             five[k] += a >= ref_slo + 0.05
@@ -569,7 +569,7 @@ def run_dial(
         "| saturation req/s (vs prfaas-static) | "
         + " | ".join(
             f"{m:.2f} ({m / static - 1:+.1%})"
-            for m in (statistics.fmean(r["rate_rps"] for r in sat if r["k"] == k) for k in labels)
+            for m in (mean([r for r in sat if r["column"] == k], "rate_rps") for k in labels)
         )
         + " |",
         "",

@@ -255,16 +255,13 @@ class PrfaasPredict:
                     n["local"], n["prfaas"], self._peak_bps)  # fmt: skip
         self.predicted += 1
         self.last = p
+        uncached_local = request.input_tokens - request.cached_local
         reserve = self.config.local_reserve
-        long_request = (
-            reserve is not None
-            and t is not None
-            and request.input_tokens - request.cached_local > reserve * t
-        )
+        long_request = reserve is not None and t is not None and uncached_local > reserve * t
         narrowed = link.bandwidth_bps < NARROWED * self._peak_bps
         cluster = self.choose(p, narrowed=narrowed, long_request=long_request)
         if cluster == "prfaas":
-            self._pending_kv += costs.kv_bytes(request.input_tokens - request.cached_local)
+            self._pending_kv += costs.kv_bytes(uncached_local)
             return self._route(request, cluster, prfaas, decode, t)
         route = self._route(request, cluster, local, decode, t)
         if p.pull_tokens:
@@ -281,8 +278,8 @@ class PrfaasPredict:
         whenever PrfaaS is late: under overload PD-P's on-time capacity serves more requests
         if it serves short ones."""
         w, target = self.config.busy_weight, self.config.ttft_target
-        if long_request and target is not None and p.prfaas > target and p.prfaas < float("inf"):
-            return "prfaas"
+        if long_request and target is not None and target < p.prfaas < float("inf"):
+            return "prfaas"  # inf: no bandwidth to believe in, PrfaaS is no option
         best = min(p.local, p.prfaas)
         k = None if narrowed else self.config.triage_weight
         if target is not None and best > target and k is not None:
