@@ -11,8 +11,11 @@ workload) and prints, side by side:
 
 Usage: python bench/fidelity.py [--duration 600] [--time-scale 10] [--only prfaas-pd]
                                 [--policy prfaas-static] [--loads 0.8,1.2] [--runs 1]
+                                [--set PATH=VALUE ...]
 `--policy` is PrfaaS-PD's routing policy (homogeneous and naive have one each); `--runs N`
-repeats every case with seeds seed, seed+1, ... and reports the mean (and each run).
+repeats every case with seeds seed, seed+1, ... and reports the mean (and each run); `--set`
+replaces a field of scenarios/paper.yaml for every run, as `testbed run --set` does (e.g.
+`--set policy.predict.triage_weight=30`).
 Takes about 8 minutes on 2 cores with the defaults.
 """
 
@@ -25,10 +28,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from testbed.errors import UserError
 from testbed.metrics.records import RequestRecord
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.runner import run_scenario
-from testbed.scenario.schema import load_scenario
+from testbed.scenario.schema import Scenario
+from testbed.scenario.sweep import parse_setting, scenario_with_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = (("prfaas-pd", "prfaas-static"), ("homogeneous", "homogeneous"), ("naive", "naive"))
@@ -54,7 +59,7 @@ def completion_rate(records: list[RequestRecord], lo: float, hi: float) -> float
 def run_case(
     deployment: str, policy: str, load: float, args: argparse.Namespace, run: int = 0
 ) -> dict:
-    base = load_scenario(ROOT / "scenarios" / "paper.yaml")
+    base: Scenario = args.scenario
     wl = base.workload
     scenario = base.model_copy(
         update={
@@ -112,7 +117,20 @@ def main() -> int:
         "--loads", default="0.8,1.2", help="loads to run, fractions of lambda_max (1.2 saturates)"
     )
     ap.add_argument("--runs", type=int, default=1, help="runs per case (seeds seed, seed+1, ...)")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="a field of scenarios/paper.yaml replaced for every run (repeatable), e.g. "
+        "policy.predict.triage_weight=30",
+    )
     args = ap.parse_args()
+    try:
+        settings = [parse_setting(s) for s in args.set]
+        args.scenario = scenario_with_settings(ROOT / "scenarios" / "paper.yaml", settings)
+    except UserError as e:
+        ap.error(str(e))
     if args.runs < 1:
         ap.error("--runs must be at least 1")
     try:
@@ -137,8 +155,9 @@ def main() -> int:
                 runs.append(run_case(deployment, policy, load, args, i))
                 print(f"  completed {runs[-1]['completed_rate']:.3f} req/s", file=sys.stderr)
             rows[(deployment, load)] = mean_row(runs)
+    knobs = "".join(f", {p}={v}" for p, v in settings)
     print(
-        f"\nfidelity: live vs planner (prfaas-pd under {args.policy}, "
+        f"\nfidelity: live vs planner (prfaas-pd under {args.policy}{knobs}, "
         f"time_scale {args.time_scale:g}, byte_scale "
         f"{args.byte_scale:g}, {args.duration:g}s real per run, steady window from "
         f"{steady_window(args.duration)[0]:g}s)\n"
