@@ -57,9 +57,14 @@ def completion_rate(records: list[RequestRecord], lo: float, hi: float) -> float
 
 
 def run_case(
-    deployment: str, policy: str, load: float, args: argparse.Namespace, run: int = 0
+    base: Scenario,
+    deployment: str,
+    policy: str,
+    load: float,
+    args: argparse.Namespace,
+    run: int = 0,
 ) -> dict:
-    base: Scenario = args.scenario
+    """`base` (scenarios/paper.yaml with any --set written in) on `deployment` at `load`."""
     wl = base.workload
     scenario = base.model_copy(
         update={
@@ -128,7 +133,7 @@ def main() -> int:
     args = ap.parse_args()
     try:
         settings = [parse_setting(s) for s in args.set]
-        args.scenario = scenario_with_settings(ROOT / "scenarios" / "paper.yaml", settings)
+        base = scenario_with_settings(ROOT / "scenarios" / "paper.yaml", settings)
     except UserError as e:
         ap.error(str(e))
     if args.runs < 1:
@@ -152,7 +157,11 @@ def main() -> int:
                     file=sys.stderr,
                     flush=True,
                 )
-                runs.append(run_case(deployment, policy, load, args, i))
+                try:
+                    runs.append(run_case(base, deployment, policy, load, args, i))
+                except UserError as e:  # e.g. --duration shorter than paper.yaml's checkers
+                    print(f"fidelity.py: error: {e}", file=sys.stderr)
+                    return 2
                 print(f"  completed {runs[-1]['completed_rate']:.3f} req/s", file=sys.stderr)
             rows[(deployment, load)] = mean_row(runs)
     knobs = "".join(f", {p}={v}" for p, v in settings)

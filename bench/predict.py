@@ -535,6 +535,12 @@ def run_dial(
     def mean(rs: list[dict[str, Any]], key: str) -> float:
         return statistics.fmean(r[key] for r in rs)
 
+    def sat_row(title: str, key: str, ref: float, spec: str, unit: str) -> str:
+        """A row of the saturation runs' `key` per column, against prfaas-static's `ref`."""
+        ms = (mean([r for r in sat if r["column"] == k], key) for k in labels)
+        cells = (f"{m:{spec}}{unit} ({m / ref - 1:+.1%})" for m in ms)
+        return f"| {title} (vs prfaas-static) | " + " | ".join(cells) + " |"
+
     out = [
         "## The triage dial: SLO attainment against P90 TTFT (sim)\n",
         "prfaas-predict with `policy.predict.triage_weight` k (a late request goes where its "
@@ -569,18 +575,8 @@ def run_dial(
         "| SLO >= better baseline | " + " | ".join(f"{geq[k]}/{n}" for k in labels) + " |",
         "| SLO 5+ points above | " + " | ".join(f"{five[k]}/{n}" for k in labels) + " |",
         "| P90 no worse | " + " | ".join(f"{p90_ok[k]}/{n}" for k in labels) + " |",
-        "| saturation req/s (vs prfaas-static) | "
-        + " | ".join(
-            f"{m:.2f} ({m / static - 1:+.1%})"
-            for m in (mean([r for r in sat if r["column"] == k], "rate_rps") for k in labels)
-        )
-        + " |",
-        "| saturation P90 TTFT (vs prfaas-static) | "
-        + " | ".join(
-            f"{q:.1f} s ({q / static_p90 - 1:+.1%})"
-            for q in (mean([r for r in sat if r["column"] == k], "p90_ttft_s") for k in labels)
-        )
-        + " |",
+        sat_row("saturation req/s", "rate_rps", static, ".2f", ""),
+        sat_row("saturation P90 TTFT", "p90_ttft_s", static_p90, ".1f", " s"),
         "",
     ]
     return out
