@@ -51,6 +51,7 @@ ROUTER = "tests/services/test_router_spec_fields.py::"
 CLI = "tests/cli/test_cli_flags.py::"
 UP = "tests/cli/test_cli_up.py::"
 PREDICT = "tests/policy/test_predict.py::"
+PV = "tests/cli/test_cli_policy_vectors.py::"
 BYOS_HTTP = "tests/policy/test_policy_http.py::"
 BYOS_FAULTS = "tests/policy/test_policy_faults.py::"
 BYOS_CHAOS = "tests/chaos/test_byos.py::"
@@ -327,6 +328,10 @@ FIELDS: dict[str, Tests] = {
     "SchedulerSpec.tpot_slo_s": LOOP_PLAN,
     "SchedulerSpec.threshold_step": LOOP_PLAN,
     "SchedulerSpec.n_prefill": LOOP_PLAN,
+    "SchedulerSpec.replans": (
+        "tests/scheduler/test_link_view_loop.py::"
+        "test_measuring_only_fills_the_link_view_and_nothing_else"
+    ),
     "SchedulerSpec.short_term": SHORT_LOOP,
     "SchedulerSpec.long_term": LONG_LOOP,
     "SchedulerSpec.n_local": KNOB + "test_n_local_is_the_pd_cluster_a_conversion_splits",
@@ -402,6 +407,8 @@ FIELDS: dict[str, Tests] = {
     "FallbackCheck.check": BYOS_FAULTS + "test_fallback_check_passes_lost_slow_and_vacuous",
     "FallbackCheck.fault": BYOS_FAULTS + "test_fallback_check_passes_lost_slow_and_vacuous",
     "FallbackCheck.max_decision": BYOS_FAULTS + "test_fallback_check_passes_lost_slow_and_vacuous",
+    "PolicyShareCheck.check": "tests/checkers/test_policy_share.py::test_the_check_is_on_by_default_for_outside_policies_only",
+    "PolicyShareCheck.min": "tests/checkers/test_policy_share.py::test_the_share_fails_under_min_and_names_the_fallbacks_by_kind",
     "RerouteCheck.check": CHECK + "test_reroute_fault_and_within",
     "RerouteCheck.fault": CHECK + "test_reroute_fault_and_within",
     "RerouteCheck.within": CHECK + "test_reroute_fault_and_within",
@@ -500,6 +507,11 @@ FLAGS: dict[str, Tests] = {
         SC + "test_a_policy_that_cannot_load_stops_before_any_run",
     ),
     "testbed scorecard --baseline": SC_CLI,
+    "testbed policy-vectors --timeout": PV + "test_a_late_service_fails_within_the_timeout",
+    "testbed policy-vectors --exact": (
+        PV + "test_the_example_service_passes_every_vector",
+        PV + "test_one_fixed_route_fails_only_where_the_router_would_refuse_it",
+    ),
     "testbed scorecard --substrate": SC_FLAGS,
     "testbed scorecard --scenarios": SC_CLI,
     "testbed scorecard --seeds": SC_CLI,
@@ -512,6 +524,9 @@ FLAGS: dict[str, Tests] = {
         SC + "test_the_cache_gives_back_the_same_rows_and_only_for_library_runs",
     ),
     "testbed scorecard --no-cache": SC_CLI,
+    "testbed scorecard --min-policy-share": (
+        SC + "test_cli_a_service_answering_500_is_not_judged_and_exits_1"
+    ),
     "testbed sweep --set": (SWEEP + "test_the_grid_is_the_product_of_the_axes", SWEEP_CLI),
     "testbed sweep --out": SWEEP_CLI,
     "testbed sweep --jobs": (SWEEP_CLI, SWEEP + "test_a_pool_gives_the_same_rows_as_one_process"),

@@ -18,11 +18,13 @@ Verdict = Literal["ok", "failed", "vacuous"]
 class CheckResult:
     """One checker's verdict on a run.
 
-    `ok` means "did not fail", so callers that gate a run on its checks keep working; a check
-    that had nothing to judge (no request in scope, a fault that never applied or never ended,
-    zero completed requests for a percentile) is `vacuous`: it did not fail, and it did not
-    pass either. It is reported as such (summary.json, report.md, the printed check lines) and
-    does not fail the run, but a suite that means to test something asserts it never happens.
+    `ok` means "passed": a check that had nothing to judge (no request in scope, a fault that
+    never applied or never ended, zero completed requests for a percentile) is `vacuous`, with
+    `ok` false: it did not fail, and it did not pass either, so a script that counts `ok` never
+    counts a check that exercised nothing as a pass. It is reported as such (summary.json,
+    report.md, the printed check lines) and does not fail the run: what gates a run (its exit
+    code, `RunResult.ok`) is `verdict != "failed"` (`failed`). A suite that means to test
+    something asserts a vacuous verdict never happens.
     """
 
     name: str
@@ -31,8 +33,8 @@ class CheckResult:
     vacuous: bool = False
 
     def __post_init__(self) -> None:
-        if self.vacuous and not self.ok:
-            raise ValueError(f"check {self.name}: a vacuous check did not fail; ok must be True")
+        if self.vacuous and self.ok:
+            raise ValueError(f"check {self.name}: a vacuous check did not pass; ok must be False")
 
     @property
     def verdict(self) -> Verdict:
@@ -40,14 +42,19 @@ class CheckResult:
             return "vacuous"
         return "ok" if self.ok else "failed"
 
+    @property
+    def failed(self) -> bool:
+        """What gates a run: this check failed (a vacuous one did not)."""
+        return self.verdict == "failed"
+
     def to_json(self) -> dict[str, Any]:
         """The entry of summary.json `checks`."""
         return {"name": self.name, "ok": self.ok, "verdict": self.verdict, "detail": self.detail}
 
 
 def vacuous(name: str, detail: str) -> CheckResult:
-    """A check that exercised nothing."""
-    return CheckResult(name, True, detail, vacuous=True)
+    """A check that exercised nothing: not ok, not failed."""
+    return CheckResult(name, False, detail, vacuous=True)
 
 
 def combine(name: str, parts: Sequence[tuple[Verdict, str]]) -> CheckResult:

@@ -1,9 +1,9 @@
 """The `testbed` command: one entry point, one subcommand per job (`python -m testbed.cli` too).
 
 Each subcommand is a module of this package with an `add_parser(subparsers)` function (`plan`,
-`run` and `scenarios`, `up`, `link`, `verify-model`), so this file only wires them together. Every
-user error (bad config, bad arguments, a missing file) ends as one line on stderr and exit code
-2, never a traceback.
+`run` and `scenarios`, `up`, `link`, `verify-model`, `policy-vectors`, ...), so this file only
+wires them together. Every user error (bad config, bad arguments, a missing file) ends as one
+line on stderr and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -27,7 +27,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    from testbed.cli import hindsight, link, plan, profile, run, scorecard, sweep, up, verify
+    from testbed.cli import (
+        hindsight,
+        link,
+        plan,
+        policy_vectors,
+        profile,
+        run,
+        scorecard,
+        sweep,
+        up,
+        verify,
+    )
 
     plan.add_parser(sub)
     run.add_parser(sub)
@@ -38,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_parser(sub)
     hindsight.add_parser(sub)
     scorecard.add_parser(sub)
+    policy_vectors.add_parser(sub)
     return parser
 
 

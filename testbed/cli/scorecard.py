@@ -3,7 +3,9 @@
 Runs every library scenario (or `--scenarios`) for the policy and each baseline with the same
 seeds (testbed.scenario.scorecard) and writes scorecard.md, scorecard.json and scorecard.png to
 `--out` (default results/scorecard-POLICY/); one line per finished run on stderr, the overall
-line and the wall time on stdout.
+line and the wall time on stdout. Exit 0, or 1 when a scenario is not judged (the policy's
+fallback decided more than `--min-policy-share` allows there; a line names each), 2 for a
+usage error.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed.checkers.policy_share import DEFAULT_MIN_SHARE
 from testbed.cli.hindsight import int_list
-from testbed.metrics.scorecard import overall_text, write_scorecard
+from testbed.metrics.scorecard import not_judged, overall_text, write_scorecard
+from testbed.metrics.verdict import NOT_JUDGED
 from testbed.scenario.scorecard import DEFAULT_BASELINES, SCORECARD_SUBSTRATES, run_scorecard
 
 
@@ -47,10 +51,16 @@ def _run(args: argparse.Namespace) -> int:
         out=out,
         log=log,
         cache=None if args.no_cache else Path(args.cache),
+        min_policy_share=args.min_policy_share,
     )
     write_scorecard(card, out)
     for name, why in card["skipped"].items():
         print(f"skipped {name}: {why}")
+    unjudged = not_judged(card)
+    for sc in card["scenarios"]:
+        if sc["name"] in unjudged:
+            why = next(c["criterion"] for c in sc["against"].values() if c["verdict"] == NOT_JUDGED)
+            print(f"{sc['name']}: {why}")
     print(overall_text(card))
     print(
         f"results: {out}/ (scorecard.md, scorecard.json, scorecard.png); "
@@ -58,7 +68,7 @@ def _run(args: argparse.Namespace) -> int:
         f"({card['cached_runs']} from the cache), "
         f"{time.perf_counter() - started:.1f}s wall, {card['cpu_s']:.1f}s CPU"
     )
-    return 0
+    return 1 if unjudged else 0
 
 
 def add_parser(sub: Any) -> None:
@@ -109,5 +119,13 @@ def add_parser(sub: Any) -> None:
         "the same testbed (default results/.scorecard-cache)",
     )
     p.add_argument("--no-cache", action="store_true", help="run everything, keep nothing")
+    p.add_argument(
+        "--min-policy-share",
+        type=float,
+        default=DEFAULT_MIN_SHARE,
+        metavar="FRACTION",
+        help="a scenario where the policy decided less of the routes itself (its fallback the "
+        f"rest) is not judged, and the command exits 1 (default {DEFAULT_MIN_SHARE:g})",
+    )
     p.add_argument("--quiet", action="store_true", help="no line per finished run")
     p.set_defaults(func=_run)

@@ -95,11 +95,15 @@ class RequestRecord:
     """Who chose the route of the last attempt: "policy", or "fallback" when the policy failed
     (an exception, a timeout, an impossible route; testbed.policy.decider). None: never routed."""
     fallback_reason: str | None = None
-    """Why the fallback decided ("timeout: ...", "unknown-instance: ...")."""
+    """Why the fallback decided ("late: ...", "queued: ...", "unknown-instance: ...")."""
     decision_wall_s: float | None = None
-    """Wall seconds the last routing decision took (HTTP round trip included). None on the sim,
-    whose records stay the same for the same seed: its `decisions` history event summarises
-    them instead."""
+    """Ask-to-route: wall seconds the last routing decision took (HTTP round trip and any wait
+    for a free lane included). None on the sim, whose records stay the same for the same seed:
+    its `decisions` history event summarises them instead."""
+    decision_answer_s: float | None = None
+    """Send-to-answer: wall seconds from sending the last decision's request to reading the last
+    byte of its answer (an HTTP policy's answer read in time). None when nothing was sent or no
+    answer came in time, for a Python policy, and on the sim; not written when None."""
 
     @property
     def ttft(self) -> float | None:
@@ -125,6 +129,9 @@ class RequestRecord:
         """The record as a JSON object (what dataclasses.asdict gives, field by field: its
         deep copy cost more than the rest of a 10,000-request simulation)."""
         doc = {name: getattr(self, name) for name in _RECORD_FIELDS}
+        for name in _SPARSE_FIELDS:  # later fields: a built-in policy's records stay the same
+            if doc[name] is None:
+                del doc[name]
         if self.output_ids is not None:
             doc["output_ids"] = list(self.output_ids)
         return doc
@@ -136,6 +143,9 @@ class RequestRecord:
 
 
 _RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))
+_SPARSE_FIELDS = ("decision_answer_s",)
+"""Fields written only when set, so requests.jsonl of runs that never set them (the sim's, the
+built-in policies') is byte for byte what it was before the field existed."""
 
 
 class TokenTimer:

@@ -125,29 +125,69 @@ _RESULT = {"ok": "PASS", "failed": "**FAIL**", "vacuous": "VACUOUS"}
 """The result column of the checks table, by verdict."""
 
 
+def _threshold_rows(thr: dict[str, Any]) -> list[list[str]]:
+    """The threshold the run routed by (metrics.thresholds.policy_thresholds): the policy's; for
+    an outside policy its own (what its routes said) and, on a row of its own, the fallback's
+    (what the snapshots carried), so the one is never read as the other."""
+
+    def span(t: dict[str, Any]) -> str:
+        return (
+            f"{format_tokens(t['last'])} tokens "
+            f"({format_tokens(t['min'])}-{format_tokens(t['max'])})"
+        )
+
+    fallback = thr.get("fallback")
+    if fallback is None:
+        return [["policy threshold (last, min-max)", span(thr)]] if thr.get("samples") else []
+    rows = [
+        [
+            "policy threshold, its routes' (last, min-max)",
+            span(thr) if thr["samples"] else "none (its routes name none)",
+        ]
+    ]
+    if fallback["samples"]:
+        rows.append(["fallback threshold (last, min-max)", span(fallback)])
+    return rows
+
+
 def _decisions_section(summary: dict[str, Any]) -> list[str]:
-    """Who routed and how fast (testbed.policy.decider): decision latency percentiles, and
-    the fallback's decisions by reason when a plugin or an HTTP policy failed."""
+    """Who routed and how fast (testbed.policy.decider): for a plugin or an HTTP policy the
+    policy's decisions against the fallback's, the fallback's name and its decisions by
+    reason; ask-to-route and send-to-answer latency; live, the router's event-loop lag p99 (a
+    timer cannot fire while the loop is busy, so a deadline is only as sharp as that)."""
     d = summary.get("decisions")
     if not d or not d["routed"]:
         return []
     lines = ["", "## Decisions", ""]
-    by, wall, real = d["by"], d["latency_wall_ms"], d["latency_real_ms"]
+    by, wall, answer = d["by"], d["latency_wall_ms"], d.get("answer_wall_ms")
     sim = summary.get("substrate") == "sim"
+    name = d.get("fallback")
     lines.append(
         f"{by['policy']} routed by the policy, {by['fallback']} by the fallback"
-        + (f" (first reason: {d['first_fallback_reason']})" if by["fallback"] else "")
+        + (f" ({name})" if name else "")
+        + (f"; first reason: {d['first_fallback_reason']}" if by["fallback"] else "")
         + "."
     )
     if d["fallback_reasons"]:
         reasons = [[k, _num(v)] for k, v in d["fallback_reasons"].items()]
         lines += ["", *_table(["fallback reason", "requests"], reasons)]
-    rows = [["wall", *(_num(wall[k], " ms") for k in ("p50", "p90", "p99", "max"))]]
-    if not sim:
-        rows.append(["real-world", *(_num(real[k], " ms") for k in ("p50", "p90", "p99", "max"))])
+    cols = ("p50", "p90", "p99", "max")
+    rows = [["ask-to-route, wall", _num(wall["n"]), *(_num(wall[k], " ms") for k in cols)]]
+    real = d.get("latency_real_ms")
+    if real is not None and not sim:
+        rows.append(["ask-to-route, real-world", _num(real["n"]),
+                     *(_num(real[k], " ms") for k in cols)])  # fmt: skip
+    if answer and answer["n"]:
+        rows.append(["send-to-answer, wall", _num(answer["n"]),
+                     *(_num(answer[k], " ms") for k in cols)])  # fmt: skip
     lines += ["", "Decision latency" + (" (the sim charges no virtual time for it)" if sim else
               " (real-world = wall x time_scale)") + ":", ""]  # fmt: skip
-    lines += _table(["", "p50", "p90", "p99", "max"], rows)
+    lines += _table(["", "decisions", *cols], rows)
+    lag = d.get("loop_lag_ms")
+    if lag:
+        lines += ["", f"Router event-loop lag: p99 {_num(lag['p99'], ' ms')}, max "
+                  f"{_num(lag['max'], ' ms')} over {_num(lag['n'])} samples (a deadline fires "
+                  "no sooner than the loop is free)."]  # fmt: skip
     return lines
 
 
@@ -214,14 +254,7 @@ def render_report(
             ["cross-DC bytes (KV + prefix pulls)",
              f"{_size(xdc['total'])} ({_size(xdc['kv'])} + {_size(xdc['pulls'])})"]
         )  # fmt: skip
-    if thr.get("samples"):
-        rows.append(
-            [
-                "policy threshold (last, min-max)",
-                f"{format_tokens(thr['last'])} tokens "
-                f"({format_tokens(thr['min'])}-{format_tokens(thr['max'])})",
-            ]
-        )
+    rows += _threshold_rows(thr)
     lines += _table(["metric", "value"], rows)
     lines += ["", "### Latency", ""]
     lines += _table(

@@ -2,9 +2,11 @@
 
 One run becomes one flat row (`run_row`): goodput at the SLO, SLO attainment (the share of
 requests within both the TTFT and TPOT SLOs, testbed.metrics.summary.meets_slo), TTFT p50/p90/p99,
-the P90 TTFT over the fault window, failures, cross-datacenter bytes and each checker's verdict.
-Rows of the same setting over several seeds are averaged (`mean_rows`); a scorecard compares the
-policy's mean row with each baseline's (`compare`) and counts wins, ties and losses.
+the P90 TTFT over the fault window, failures, cross-datacenter bytes, each checker's verdict and
+who decided the routes (the policy or its fallback). Rows of the same setting over several seeds
+are averaged (`mean_rows`); a scorecard compares the policy's mean row with each baseline's
+(`compare`, testbed.metrics.verdict: the rule and the criterion that decided each verdict) and
+counts wins, ties, losses and the scenarios not judged (the fallback decided too much there).
 
 The fault window is the nemesis timeline's first fault start to its last fault end (the whole
 run when the scenario has no faults). A request that arrived in it and failed counts as an
@@ -21,12 +23,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from testbed.checkers.policy_share import Share, policy_share
 from testbed.checkers.result import CheckResult
 from testbed.config import SloConfig
 from testbed.metrics.files import atomic_path, atomic_write
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.metrics.summary import summarize
+from testbed.metrics.verdict import (
+    ATTAINMENT_TIE,
+    GOODPUT_TIE,
+    METRICS,
+    NOT_JUDGED,
+    TTFT_TIE,
+    compare,
+)
 from testbed.nemesis import PlannedFault
+from testbed.policy.decider import describe
 
 __all__ = [
     "ATTAINMENT_TIE",
@@ -36,32 +48,13 @@ __all__ = [
     "compare",
     "fault_window",
     "mean_rows",
+    "not_judged",
+    "overall_text",
     "run_row",
     "window_percentile",
     "write_hindsight",
     "write_scorecard",
 ]
-
-ATTAINMENT_TIE = 0.005
-"""SLO attainment differences within half a point are a tie (seed noise on a few hundred
-requests is about that)."""
-TTFT_TIE = 0.05
-"""P90 TTFT within 5% of each other is a tie when SLO attainment is tied too."""
-GOODPUT_TIE = 0.01
-"""Goodput within 1% is a tie against the hindsight row chosen by goodput."""
-
-METRICS: tuple[tuple[str, str, str, bool], ...] = (
-    # key, label, format, higher is better
-    ("goodput_rps", "goodput (req/s)", ".3f", True),
-    ("slo_attainment", "SLO attainment", ".1%", True),
-    ("ttft_p50_s", "TTFT p50 (s)", ".2f", False),
-    ("ttft_p90_s", "TTFT p90 (s)", ".2f", False),
-    ("ttft_p99_s", "TTFT p99 (s)", ".2f", False),
-    ("ttft_p90_window_s", "TTFT p90 fault window (s)", ".2f", False),
-    ("failed", "failed", ".1f", False),
-    ("cross_dc_gib", "cross-DC (GiB)", ".1f", False),
-)
-"""What a scorecard shows per scenario and compares against the baselines."""
 
 
 def fault_window(faults: Sequence[PlannedFault], duration_s: float) -> tuple[float, float]:
@@ -126,6 +119,7 @@ def run_row(
         "link_mean_gbps": s["link"].get("mean_gbps"),
         "routes": s["routes"],
         "checks": {c.name: c.verdict for c in checks},
+        "decisions": policy_share(records, history).to_json(),
     }
 
 
@@ -136,8 +130,10 @@ def _mean(values: Sequence[Any]) -> float | None:
 
 
 def mean_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The mean over seeds of each metric, and each checker's verdict over them: "ok" only if
-    every seed passed, else "failed" (or "vacuous") with how many seeds did."""
+    """The mean over seeds of each metric, each checker's verdict over them ("ok" only if
+    every seed passed, else "failed" (or "vacuous") with how many seeds did), and who decided
+    the routes over all seeds (`policy_share`: testbed.checkers.policy_share.Share.to_json;
+    None for rows that do not say, such as a cache written before it was kept)."""
     out: dict[str, Any] = {"seeds": [r.get("seed") for r in rows]}
     for key in (*(m[0] for m in METRICS), "throughput_rps", "link_mean_gbps"):
         out[key] = _mean([r.get(key) for r in rows])
@@ -153,50 +149,9 @@ def mean_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             verdicts[name] = f"{worst} ({len(bad)}/{len(vs)} seeds)"
     out["checks"] = verdicts
     out["checks_ok"] = all(v == "ok" for v in verdicts.values())
+    decided = [r["decisions"] for r in rows if r.get("decisions")]
+    out["policy_share"] = Share.total(decided).to_json() if decided else None
     return out
-
-
-def compare(
-    policy: Mapping[str, Any], base: Mapping[str, Any], objective: str | None = None
-) -> dict[str, Any]:
-    """Policy minus baseline for each metric, and the verdict: checkers first (a checker that
-    fails for one and not the other decides), then SLO attainment (beyond ATTAINMENT_TIE), then
-    P90 TTFT (beyond TTFT_TIE); else a tie.
-
-    With an `objective` (the hindsight reference row, chosen by it) the verdict is that figure
-    alone: `ttft-p90-fault` (P90 TTFT over the fault window, beyond TTFT_TIE; an infinite one
-    loses) or `goodput` (beyond GOODPUT_TIE)."""
-    deltas: dict[str, float | None] = {}
-    for key, *_ in METRICS:
-        a, b = policy.get(key), base.get(key)
-        deltas[key] = None if a is None or b is None else a - b
-    if objective is not None:
-        return {"deltas": deltas, "verdict": _by_objective(policy, base, objective)}
-    verdict = "tie"
-    p_ok, b_ok = policy.get("checks_ok", True), base.get("checks_ok", True)
-    att = deltas["slo_attainment"]
-    pa, pb = policy.get("ttft_p90_s"), base.get("ttft_p90_s")
-    if p_ok != b_ok:
-        verdict = "win" if p_ok else "loss"
-    elif att is not None and abs(att) > ATTAINMENT_TIE:
-        verdict = "win" if att > 0 else "loss"
-    elif pa is not None and pb is not None and pb > 0 and abs(pa / pb - 1) > TTFT_TIE:
-        verdict = "win" if pa < pb else "loss"
-    return {"deltas": deltas, "verdict": verdict}
-
-
-def _by_objective(policy: Mapping[str, Any], base: Mapping[str, Any], objective: str) -> str:
-    if objective == "goodput":
-        a, b = policy.get("goodput_rps") or 0.0, base.get("goodput_rps") or 0.0
-        if (b > 0 and abs(a / b - 1) <= GOODPUT_TIE) or a == b:
-            return "tie"
-        return "win" if a > b else "loss"
-    x, y = policy.get("ttft_p90_window_s"), base.get("ttft_p90_window_s")
-    if x is None or y is None:  # an infinite P90 (failures in the window) loses
-        return "tie" if x is None and y is None else ("loss" if x is None else "win")
-    if y > 0 and abs(x / y - 1) <= TTFT_TIE:
-        return "tie"
-    return "win" if x < y else "loss"
 
 
 def _fmt(v: Any, spec: str) -> str:
@@ -282,36 +237,75 @@ def write_scorecard(card: Mapping[str, Any], out: Path) -> None:
     _plot(card, out / "scorecard.png")
 
 
+def not_judged(card: Mapping[str, Any]) -> list[str]:
+    """The scenarios where the policy under test decided too little to be judged (the command
+    exits 1 when there is any)."""
+    return [sc["name"] for sc in card["scenarios"] if not sc.get("judged", True)]
+
+
 def _overall_lines(card: Mapping[str, Any]) -> list[str]:
     lines = []
+    bound = card.get("min_policy_share", 1.0)
     for base, o in card["overall"].items():
         att = o["mean_slo_attainment_delta"]
         shown = "-" if att is None else f"{att * 100:+.1f} pt"
+        skip = o.get("not_judged", 0)
+        why = (
+            f", {skip} not judged (the fallback decided more than {(1 - bound) * 100:.3g}% "
+            "of the routes)"
+            if skip
+            else ""
+        )
         lines.append(
-            f"vs {base}: {o['win']} wins, {o['tie']} ties, {o['loss']} losses over "
-            f"{o['scenarios']} scenarios; mean SLO attainment delta {shown}"
+            f"vs {describe(base)}: {o['win']} wins, {o['tie']} ties, {o['loss']} losses{why} "
+            f"over {o['scenarios']} scenarios; mean SLO attainment delta {shown}"
+            + (" (judged scenarios only)" if skip and att is not None else "")
         )
     return lines
 
 
 def overall_text(card: Mapping[str, Any]) -> str:
     """The scorecard's overall line(s), as printed at the end of the command."""
-    return "\n".join(f"overall {card['policy']} " + line for line in _overall_lines(card))
+    who = describe(card["policy"])
+    return "\n".join(f"overall {who} " + line for line in _overall_lines(card))
+
+
+def _verdict_cell(cmp: Mapping[str, Any]) -> str:
+    """The verdict column of a delta row: "**loss**: SLO attainment -22.1 pt; gates: baseline
+    fails ttft_p90_during_bandwidth"."""
+    if cmp["verdict"] == NOT_JUDGED:
+        return f"**{cmp['criterion']}**"
+    gates = cmp.get("gates") or {}
+    shown = [f"{side} fails {', '.join(names)}" for side, names in gates.items() if names]
+    tail = f"; gates: {'; '.join(shown)}" if shown else ""
+    return f"**{cmp['verdict']}**: {cmp.get('criterion', '')}{tail}"
+
+
+def _share_text(share: Mapping[str, Any] | None) -> str:
+    if share is None or share.get("share") is None:
+        return "-"
+    return f"{share['share']:.1%}"
 
 
 def scorecard_markdown(card: Mapping[str, Any]) -> str:
     policy = card["policy"]
+    who = describe(policy)
+    bound = card.get("min_policy_share", 1.0)
     lines = [
-        f"# Scorecard: {policy}",
+        f"# Scorecard: {who}",
         "",
         f"Substrate {card['substrate']}; baselines {', '.join(card['baselines'])}; seeds "
         f"{', '.join(str(s) for s in card['seeds'])}; {card['runs']} runs "
         f"({card.get('cached_runs', 0)} from the cache) in "
         f"{card['wall_s']:.1f} s wall ({card.get('cpu_s', 0.0):.0f} CPU s). Figures are means "
-        "over the seeds. SLO attainment is the "
-        "share of requests within both the TTFT and TPOT SLOs. Verdict: a checker failing on "
-        "one side decides, then SLO attainment (more than 0.5 pt apart), then P90 TTFT (more "
-        "than 5% apart), else tie.",
+        "over the seeds. SLO attainment is the share of requests within both the TTFT and TPOT "
+        f"SLOs. A scenario where the policy decided less than {bound:.0%} of the routes itself "
+        "(its fallback the rest) is not judged. Verdict: SLO attainment (more than "
+        f"{ATTAINMENT_TIE * 100:g} pt apart), then P90 TTFT (more than {TTFT_TIE:.0%} apart), "
+        "then, on a tie, a checker failing for one side only; never a win worse on SLO "
+        "attainment, goodput and P90 TTFT at once. Against hindsight-best: its objective only "
+        f"(P90 TTFT over the fault window, {TTFT_TIE:.0%}; goodput, {GOODPUT_TIE:.0%}). The "
+        "checkers either side fails (gates) are shown beside each verdict.",
         "",
         "## Overall",
         "",
@@ -326,24 +320,43 @@ def scorecard_markdown(card: Mapping[str, Any]) -> str:
         lines += [f"## {sc['name']}", ""]
         if sc.get("note"):
             lines += [sc["note"], ""]
-        cols = [m for m in METRICS]
-        lines.append("| row | " + " | ".join(c[1] for c in cols) + " | checkers |")
-        lines.append("|---|" + "---|" * (len(cols) + 1))
+        share = sc.get("policy_share")
+        if share is not None and share.get("share") is not None:
+            kinds = ", ".join(f"{k} {v}" for k, v in share["reasons"].items())
+            lines += [
+                f"Decided by {who}: {share['policy']} of {share['policy'] + share['fallback']} "
+                f"routes ({share['share']:.1%}); by its fallback {share['fallback']}"
+                + (f" ({kinds})." if kinds else "."),
+                "",
+            ]
+        cols = list(METRICS)
+        lines.append("| row | " + " | ".join(c[1] for c in cols) + " | decided by the policy "
+                     "| checkers |")  # fmt: skip
+        lines.append("|---|" + "---|" * (len(cols) + 2))
         for label, row in sc["rows"].items():
             checks = ", ".join(f"{k} {v}" for k, v in row["checks"].items()) or "-"
             lines.append(
-                f"| {label} | "
+                f"| {describe(label)} | "
                 + " | ".join(_fmt(row.get(k), spec) for k, _, spec, _ in cols)
-                + f" | {checks} |"
+                + f" | {_share_text(row.get('policy_share'))} | {checks} |"
             )
         for base, cmp in sc["against"].items():
             lines.append(
-                f"| {policy} - {base} | "
+                f"| {who} - {describe(base)} | "
                 + " | ".join(_delta(cmp["deltas"].get(k), spec) for k, _, spec, _ in cols)
-                + f" | **{cmp['verdict']}** |"
+                + f" | | {_verdict_cell(cmp)} |"
             )
         lines.append("")
     return "\n".join(lines)
+
+
+def _cell_text(verdict: str, share: float | None) -> str:
+    if verdict == NOT_JUDGED and share is not None:
+        return f"{verdict} ({(1 - share) * 100:.3g}% fallback)"
+    return verdict
+
+
+_COLOURS = {"win": "#c8e6c9", "tie": "#eeeeee", "loss": "#ffcdd2", NOT_JUDGED: "#ffe0b2"}
 
 
 def _plot(card: Mapping[str, Any], path: Path) -> None:
@@ -354,15 +367,22 @@ def _plot(card: Mapping[str, Any], path: Path) -> None:
 
     scenarios = card["scenarios"]
     labels = list(dict.fromkeys(label for sc in scenarios for label in sc["rows"]))
-    fig, (ax_a, ax_t) = plt.subplots(2, 1, figsize=(max(8.0, 1.1 * len(scenarios) + 3), 7))
+    bases = list(dict.fromkeys(b for sc in scenarios for b in sc["against"]))
+    fig, (ax_a, ax_t, ax_v) = plt.subplots(
+        3,
+        1,
+        figsize=(max(8.0, 1.1 * len(scenarios) + 3), 9 + 0.3 * len(bases)),
+        gridspec_kw={"height_ratios": [3, 3, 1 + 0.4 * len(bases)]},
+    )
     width = 0.8 / max(len(labels), 1)
     xs = range(len(scenarios))
     for k, label in enumerate(labels):
         att = [(sc["rows"].get(label) or {}).get("slo_attainment") for sc in scenarios]
         p90 = [(sc["rows"].get(label) or {}).get("ttft_p90_s") for sc in scenarios]
         pos = [x + (k - (len(labels) - 1) / 2) * width for x in xs]
-        ax_a.bar(pos, [a * 100 if a is not None else 0 for a in att], width, label=label)
-        ax_t.bar(pos, [p if p is not None else 0 for p in p90], width, label=label)
+        shown = describe(label)
+        ax_a.bar(pos, [a * 100 if a is not None else 0 for a in att], width, label=shown)
+        ax_t.bar(pos, [p if p is not None else 0 for p in p90], width, label=shown)
     names = [sc["name"] for sc in scenarios]
     for ax in (ax_a, ax_t):
         ax.set_xticks(list(xs))
@@ -371,7 +391,28 @@ def _plot(card: Mapping[str, Any], path: Path) -> None:
     ax_t.set(ylabel="TTFT p90 (s)", title="P90 TTFT (lower is better)")
     ax_t.set_yscale("log")
     ax_a.legend(fontsize=7, ncol=min(len(labels), 4))
-    fig.suptitle(f"scorecard: {card['policy']} ({card['substrate']})", fontsize=10)
+    # the verdicts: one row per baseline, one column per scenario, coloured by the verdict
+    ax_v.axis("off")
+    if scenarios and bases:
+        verdicts = [
+            [(sc["against"].get(b) or {}).get("verdict", "-") for sc in scenarios] for b in bases
+        ]
+        shares = [(sc.get("policy_share") or {}).get("share") for sc in scenarios]
+        texts = [
+            [_cell_text(v, share) for v, share in zip(row, shares, strict=True)] for row in verdicts
+        ]
+        table = ax_v.table(
+            cellText=texts,
+            rowLabels=[f"vs {describe(b)}" for b in bases],
+            colLabels=names,
+            cellColours=[[_COLOURS.get(v, "white") for v in row] for row in verdicts],
+            loc="upper center",
+            cellLoc="center",
+        )
+        table.auto_set_font_size(False)
+        table.set_fontsize(7)
+        ax_v.set_title(f"verdicts of {describe(card['policy'])} (scorecard.md says why)")
+    fig.suptitle(f"scorecard: {describe(card['policy'])} ({card['substrate']})", fontsize=10)
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=100, format="png")

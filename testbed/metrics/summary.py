@@ -39,7 +39,8 @@ from testbed.clock import LiveClock, Scale
 from testbed.config import SloConfig
 from testbed.metrics.bench import DEFAULT_PERCENTILES, benchmark, latency_sections
 from testbed.metrics.records import HistoryEvent, RequestRecord
-from testbed.policy.decider import wall_percentiles_ms
+from testbed.metrics.thresholds import policy_thresholds
+from testbed.policy.decider import fallback_kind, wall_percentiles_ms
 from testbed.units import format_size
 
 __all__ = [
@@ -277,11 +278,6 @@ def summarize(
     done = [r for r in records if r.status == "completed"]
     failed = [r for r in records if r.status != "completed"]
     good = [r for r in done if meets_slo(r, slo)]
-    thresholds = [
-        float(e.data["threshold_tokens"])
-        for e in history
-        if e.kind == "policy" and e.data.get("threshold_tokens") is not None
-    ]
     summary: dict[str, Any] = {
         "duration_s": duration_s,
         "scale": scale.to_json(),
@@ -318,15 +314,12 @@ def summarize(
         "retries": sum(r.retries for r in records),
         "queues": _queues(history),
         "engine": _engines(history),
-        "policy_thresholds": {
-            "samples": len(thresholds),
-            "min": min(thresholds) if thresholds else None,
-            "max": max(thresholds) if thresholds else None,
-            "last": thresholds[-1] if thresholds else None,
-        },
+        "policy_thresholds": policy_thresholds(records, history),
         "faults": [{"t": e.t, **e.data} for e in history if e.kind == "fault"],
         "decisions": decisions(records, history, scale),
     }
+    if outside_policy(summary["decisions"]):  # its own threshold, the fallback's beside it
+        summary["policy_thresholds"] = policy_thresholds(records, history, outside=True)
     for key, value in (extra or {}).items():
         if key in summary:
             raise ValueError(f"extra key {key!r} would overwrite a computed summary field")
@@ -337,46 +330,82 @@ def summarize(
 def decisions(
     records: list[RequestRecord], history: list[HistoryEvent], scale: Scale
 ) -> dict[str, Any]:
-    """Who routed (policy or fallback), why the fallback did, and how long a decision took:
-    wall milliseconds, and real-world ones (wall x time_scale: what the emulated deployment
-    waited; a sim decision takes no virtual time, so there only the wall figure means much).
-    One latency per routed request (its last attempt's decision; testbed.policy.decider)."""
+    """Who routed (policy or fallback), which policy the fallback is, why it decided (by
+    `fallback_kind`), and how long decisions took, in wall milliseconds: ask-to-route
+    (`latency_wall_ms`: from asking the policy to holding a route, fallback included) and
+    send-to-answer (`answer_wall_ms`: an HTTP policy's exchange, for the answers read in time).
+    Live runs add ask-to-route in real-world milliseconds (`latency_real_ms`: wall x time_scale,
+    what the emulated deployment waited) and the router's event-loop lag (`loop_lag_ms`: how
+    late its timers fire; null when the router did not say). The sim charges a decision no
+    virtual time, so it reports wall figures only, from its `decisions` event (its records
+    carry none: same seed, same requests.jsonl). One latency per routed request (its last
+    attempt's decision; testbed.policy.decider)."""
     routed = [r for r in records if r.decided_by is not None]
     by = Counter(r.decided_by for r in routed)
     reasons = Counter(
-        (r.fallback_reason or "error").split(":", 1)[0]
-        for r in routed
-        if r.decided_by == "fallback"
+        fallback_kind(r.fallback_reason) for r in routed if r.decided_by == "fallback"
     )
     wall = wall_percentiles_ms([r.decision_wall_s for r in routed if r.decision_wall_s is not None])
-    for e in history:  # the sim keeps them off the records (same seed, same requests.jsonl)
-        if e.kind == "decisions" and not wall["n"]:
-            wall = dict(e.data["wall_ms"])
+    answer = wall_percentiles_ms(
+        [r.decision_answer_s for r in routed if r.decision_answer_s is not None]
+    )
+    said: dict[str, Any] = {}  # the sim's decisions event, or the live router's (its /stats)
+    for e in history:
+        if e.kind == "decisions":
+            said.update(e.data)
+    sim = "wall_ms" in said
+    if sim and not wall["n"]:
+        wall = dict(said["wall_ms"])
+        answer = dict(said.get("answer_wall_ms") or answer)
     clock = LiveClock.paced(scale)
     first = next((r.fallback_reason for r in routed if r.decided_by == "fallback"), None)
-    return {
+    out: dict[str, Any] = {
         "routed": len(routed),
         "by": {"policy": by.get("policy", 0), "fallback": by.get("fallback", 0)},
+        "fallback": said.get("fallback"),
         "fallback_reasons": dict(sorted(reasons.items())),
         "first_fallback_reason": first,
         "latency_wall_ms": wall,
-        "latency_real_ms": {
-            k: (v if k == "n" or v is None else clock.real(v)) for k, v in wall.items()
-        },
+        "answer_wall_ms": answer,
+        "loop_lag_ms": said.get("loop_lag_ms"),
     }
+    if not sim:
+        out["latency_real_ms"] = {
+            k: (v if k == "n" or v is None else clock.real(v)) for k, v in wall.items()
+        }
+    return out
+
+
+def outside_policy(d: dict[str, Any]) -> bool:
+    """Whether the run's policy was an outside one (a plugin or an HTTP service: it has a
+    fallback), whose decisions the console and the report always account for."""
+    return d.get("fallback") is not None or bool(d["by"]["fallback"] or d["answer_wall_ms"]["n"])
 
 
 def _decisions_text(summary: dict[str, Any]) -> list[str]:
-    """One console line when a fallback decided anything (a plugin or an HTTP policy)."""
+    """One console line for every run of an outside policy (a plugin or an HTTP one), a clean
+    run too: who decided, the fallback's name and kinds, ask-to-route and send-to-answer wall
+    latency, the router's loop lag. None for a built-in policy (it is its own reference)."""
     d = summary.get("decisions")
-    if not d or not d["by"]["fallback"]:
+    if not d or not outside_policy(d):
         return []
     why = ", ".join(f"{k} {v}" for k, v in d["fallback_reasons"].items())
-    lat = d["latency_wall_ms"]
-    return [
+    name = d.get("fallback") or "?"
+    lat, ans, lag = d["latency_wall_ms"], d["answer_wall_ms"], d.get("loop_lag_ms")
+    line = (
         f"decisions: {d['by']['policy']} by the policy, {d['by']['fallback']} by the fallback "
-        f"({why}); decision p50 {_fmt(lat['p50'], ' ms')} p99 {_fmt(lat['p99'], ' ms')} wall"
-    ]
+        f"({name}{': ' + why if why else ''}); ask-to-route p50 {_ms(lat['p50'])} p99 "
+        f"{_ms(lat['p99'])} ms"
+    )
+    if ans["n"]:
+        line += f", send-to-answer p50 {_ms(ans['p50'])} p99 {_ms(ans['p99'])} ms"
+    if lag:
+        line += f", loop lag p99 {_ms(lag['p99'])} ms"
+    return [line]
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3g}"
 
 
 def _fmt(v: float | None, unit: str = "s", digits: int = 3) -> str:

@@ -23,6 +23,7 @@ import numpy as np
 from testbed.metrics.files import atomic_path
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.metrics.summary import queue_depth_series
+from testbed.metrics.thresholds import threshold_lines
 
 __all__ = ["write_timeline"]
 
@@ -63,11 +64,14 @@ def write_timeline(
     *,
     title: str,
     ttft_slo_s: float | None = None,
+    outside: bool = False,
 ) -> Path:
     """Render the four-panel timeline of a run to `path` (PNG) and return it.
 
     All times are real-world seconds since the start of the run; `ttft_slo_s` draws the SLO line
-    on the TTFT panel.
+    on the TTFT panel. `outside` (the run's policy is a plugin or an HTTP service,
+    metrics.summary.outside_policy) plots the policy's own threshold and labels the
+    scheduler's as the fallback's (metrics.thresholds.threshold_lines).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -191,23 +195,23 @@ def write_timeline(
     ax_ttft.set_xlabel("time since start of run (real-world seconds)")
     ax_ttft.set_xlim(0, end)
 
-    # The scheduler: threshold t over time (twin axis of the arrivals panel) and every PD split
-    # change (long-term loop) through every panel.
-    steps = sorted(
-        (e.t, float(e.data["threshold_tokens"]))
-        for e in history
-        if e.kind in ("threshold", "policy") and e.data.get("threshold_tokens") is not None
-    )
-    if steps:
+    # The threshold over time (twin axis of the arrivals panel) and every PD split change
+    # (long-term loop) through every panel.
+    lines = threshold_lines(records, history, outside)
+    if lines:
         ax_t = ax_arr.twinx()
-        ax_t.step(
-            [t for t, _ in steps] + [end],
-            [v / 1000 for _, v in steps] + [steps[-1][1] / 1000],
-            where="post",
-            color="black",
-            linewidth=1,
-            label="threshold t",
-        )
+        for label, (steps, style) in lines.items():
+            ax_t.step(
+                [t for t, _ in steps] + [end],
+                [v / 1000 for _, v in steps] + [steps[-1][1] / 1000],
+                where="post",
+                color="black" if style == "-" else "0.45",
+                linestyle=style,
+                linewidth=1,
+                label=label,
+            )
+        if outside:  # two lines to tell apart, under the routes' legend
+            ax_t.legend(loc="lower left", bbox_to_anchor=(1.04, 0.0), fontsize=7)
         ax_t.set_ylim(bottom=0)
         ax_t.set_ylabel("t (K tokens)")
     for e in history:

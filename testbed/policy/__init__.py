@@ -2,7 +2,8 @@
 
 `POLICIES` maps a name to its class (found by importing every module of this package the first
 time it is read; see testbed.registry); `get_policy` is the class, with the facts the runner
-reads (`deployment_kind`, `needs_threshold`, `replans`, `long_term`, `cache_aware`), and
+reads (`deployment_kind`, `needs_threshold`, `replans`, `long_term`, `cache_aware`, and the
+optional `link_view`), and
 `make_policy` an instance, which is what the router routes with.
 """
 

@@ -12,7 +12,8 @@ instance is a heap lookup, not a scan, so a decision stays cheap at 10,000 insta
 
 A policy class also declares, as class attributes, the facts the rest of the testbed needs about
 it (which deployment it runs on, whether it needs a threshold, which scheduler loops the router
-runs for it, whether routing reads the prefix caches); nothing else keeps a list of policies.
+runs for it, whether routing reads the prefix caches or the link); nothing else keeps a list of
+policies.
 Every module of this package is imported when the registry is first read, and each registers
 its classes with `@POLICIES.register`, so adding a policy is one new file (docs/extending.md).
 """
@@ -43,6 +44,7 @@ __all__ = [
     "Route",
     "Snapshot",
     "least_loaded",
+    "measures_link",
 ]
 
 
@@ -78,14 +80,21 @@ class RequestView:
 @dataclass(frozen=True, slots=True)
 class LinkView:
     """The cross-datacenter link as the short-term loop sees it from the senders' counters,
-    as of its last tick (scheduler.loops); None fields are not known yet."""
+    as of its last tick (scheduler.loops). The loop samples the link for every policy that
+    re-plans or declares `link_view` (`measures_link`), whatever its fallback; a None field
+    was not measured (yet, or at all): never a 0 that would read as an idle link."""
 
     bandwidth_bps: float | None
-    """Estimated bandwidth the link offers, real-world bytes/s (scheduler.bandwidth)."""
-    in_flight_bytes: float
-    """Real-world KV bytes sent or queued by the PrfaaS senders and not yet acknowledged."""
+    """Estimated bandwidth the link offers, real-world bytes/s (scheduler.bandwidth). A loop
+    that re-plans starts from the configured bandwidth (what it plans with before the first
+    measurement); one that only measures says None until its second sample gives a rate."""
+    in_flight_bytes: float | None
+    """Real-world KV bytes sent or queued by the PrfaaS senders and not yet acknowledged, at
+    the last sample (never negative). A loop that re-plans starts from 0 (its starting
+    belief, as for the bandwidth); one that only measures says None until its first sample."""
     delivered_bps: float | None
-    """Real-world bytes/s acknowledged over the last tick."""
+    """Real-world bytes/s acknowledged between the last two samples (None before there are
+    two)."""
     rtt_s: float | None
     """Round-trip time the deployment configures for the link (real-world seconds)."""
     scarce: bool
@@ -202,6 +211,9 @@ class Route:
     decode_instance: str
     uncached_tokens: int
     threshold_tokens: float | None = None
+    """The length threshold this route applied (tokens), if the policy routes by one: the
+    request record keeps it, and for an outside policy the report plots it as the policy's
+    threshold (an HTTP answer's `route.threshold_tokens`; testbed.policy.protocol)."""
     pull_prefix_tokens: int = 0
     """Cached prefix to move from the other cluster before prefill (cache-aware, abundant)."""
 
@@ -224,11 +236,27 @@ class Policy(Protocol):
     cache_aware: ClassVar[bool]
     """Routing uses the longest cached prefix anywhere, so the length the scheduler plans with
     is the part no usable cache holds, not the whole prompt."""
+    # Optional fact (read by `measures_link`, so classes written before it need not say it):
+    # link_view: ClassVar[bool] = False
+    #     The policy reads `snapshot.link`: the router runs the short-term loop's link
+    #     sampling for it even when it does not re-plan (the threshold then stays the
+    #     scenario's). Every HTTP policy declares it (testbed.policy.http).
 
     def decide(self, request: RequestView, snapshot: Snapshot) -> Route: ...
 
 
 _FACTS = ("needs_threshold", "replans", "long_term", "cache_aware")
+LINK_VIEW = "link_view"
+"""The optional fact a policy class may declare (see `Policy` and `measures_link`)."""
+
+
+def measures_link(cls: type[Policy]) -> bool:
+    """Whether the router samples the link for `cls`'s snapshots (the short-term loop runs):
+    it re-plans (the loop measures for its own planning), or it declares `link_view = True`.
+    A class that declares neither keeps the loops off, so the built-ins that do not read the
+    link (prfaas-static, naive, homogeneous) run exactly as before; prfaas-predict reads it
+    and already re-plans."""
+    return bool(cls.replans) or getattr(cls, LINK_VIEW, False) is True
 
 
 def _check_policy(cls: type[Policy]) -> None:
@@ -246,6 +274,8 @@ def _check_policy(cls: type[Policy]) -> None:
     for fact in _FACTS:
         if not isinstance(getattr(cls, fact, None), bool):
             raise TypeError(f"{label}: class attribute {fact!r} must be True or False")
+    if not isinstance(getattr(cls, LINK_VIEW, False), bool):
+        raise TypeError(f"{label}: class attribute {LINK_VIEW!r} must be True or False")
     if not callable(getattr(cls, "decide", None)):
         raise TypeError(f"{label}: needs a decide(request, snapshot) method")
 

@@ -4,18 +4,20 @@ The live router and the sim both ask a `Decider` instead of the policy itself:
 
 - LookupError (HTTP 503) is "no route yet": it propagates, and the caller waits and asks again,
   as it always has for the built-in policies;
-- anything else the policy does wrong (an exception, a timeout, an answer that is not a route,
-  a route to an unknown instance, to one of the wrong role or cluster, or to one whose state is
-  not "ok") makes the fallback policy decide that request. The decision says so
-  (`decided_by: "fallback"` and the reason, "kind: detail"), and the caller writes it on the
-  request record; the summary counts fallbacks by kind and gives decision latency percentiles.
+- anything else the policy does wrong (an exception, no answer by the deadline: `queued` or
+  `late`, an answer that is not a route, a route to an unknown instance, to one of the wrong
+  role or cluster, or to one whose state is not "ok") makes the fallback decide that request.
+  The decision says so (`decided_by: "fallback"` and the reason, "kind: detail"), and the
+  caller writes it on the request record; the summary counts fallbacks by kind and gives
+  decision latency percentiles.
 
 A built-in policy has no fallback (it is the reference), so its routes, its errors and the
 router's behaviour stay exactly what they were; an HTTP policy falls back to `prfaas-static`
 unless its URL says otherwise (`#fallback=NAME`), a plugin (`module:Class`, an entry point) to
 `prfaas-static` too, or to a policy needing no threshold when it has none (`plugin_fallback`).
 
-A decision's wall latency is measured here, for the report; on the sim it costs no virtual time.
+A decision's wall latency is measured here (ask-to-route; an HTTP policy's `decide_timed` adds
+send-to-answer), for the report; on the sim it costs no virtual time.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import time
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +40,8 @@ if TYPE_CHECKING:
 __all__ = ["Decider", "Decision", "fallback_kind", "plugin_fallback", "route_problem"]
 
 FALLBACK_KINDS = (
-    "timeout",
+    "queued",
+    "late",
     "unreachable",
     "status",
     "garbage",
@@ -48,7 +51,11 @@ FALLBACK_KINDS = (
     "not-ok",
     "error",
 )
-"""What `fallback_reason` starts with (the report counts by these)."""
+"""What `fallback_reason` starts with (the report counts by these). `queued`: no free lane before
+the deadline, nothing sent; `late`: sent, no whole answer read by the deadline (abandoned); an
+exception a Python policy raises (a TimeoutError too) is an `error`."""
+LEGACY_KINDS = {"timeout": "late"}
+"""Kinds of older records: `timeout` was `queued` ("queued behind other decisions") or `late`."""
 
 
 @dataclass(frozen=True)
@@ -58,20 +65,27 @@ class Decision:
     """"policy" or "fallback"."""
     fallback_reason: str | None
     wall_s: float
-    """Wall seconds the decision took (the policy's, plus the fallback's when it decided)."""
+    """Ask-to-route wall seconds (the policy's, plus the fallback's when it decided)."""
+    answer_s: float | None = None
+    """Send-to-answer wall seconds of an HTTP policy's answer read in time (a route, or one the
+    fallback replaced); None when none was (queued, late, unreachable) and for Python."""
 
     def write(self, rec: Any, *, wall: bool = True) -> None:
         """Onto a request record (metrics.records.RequestRecord): who decided, why, and (unless
         `wall` is False: the sim, whose records are the same for the same seed) how fast."""
         rec.decided_by, rec.fallback_reason = self.decided_by, self.fallback_reason
         rec.decision_wall_s = self.wall_s if wall else None
+        rec.decision_answer_s = self.answer_s if wall else None
 
 
 def fallback_kind(reason: str | None) -> str:
-    """The kind a fallback reason starts with ("timeout: ..." -> "timeout")."""
+    """The kind a fallback reason starts with ("late: ..." -> "late"; an older record's
+    "timeout: ... (queued behind other decisions)" -> "queued", other "timeout" -> "late")."""
     if not reason:
         return "none"
     head = reason.split(":", 1)[0].strip()
+    if head in LEGACY_KINDS:
+        return "queued" if "queued behind" in reason else LEGACY_KINDS[head]
     return head if head in FALLBACK_KINDS else "error"
 
 
@@ -127,8 +141,6 @@ def _reason(exc: BaseException) -> str:
         head = text.split(":", 1)[0]
         if head in FALLBACK_KINDS:
             return text
-    if isinstance(exc, TimeoutError):
-        return f"timeout: {text or type(exc).__name__}"
     return f"error: {type(exc).__name__}: {text}" if text else f"error: {type(exc).__name__}"
 
 
@@ -162,8 +174,21 @@ class Decider:
     def __init__(self, policy: Policy, fallback: Policy | None) -> None:
         self.policy = policy
         self.fallback = fallback
-        self._adecide = getattr(policy, "adecide", None)
+        self._decide = getattr(policy, "decide_timed", None) or _untimed(policy.decide)
+        """(route, send-to-answer seconds or None): an HTTP policy times its exchange."""
+        adecide = getattr(policy, "adecide", None)
+        self._adecide = getattr(policy, "adecide_timed", None) or (
+            None if adecide is None else _auntimed(adecide)
+        )
         self._on_complete = getattr(policy, "on_complete", None)
+        self.answer_walls: list[float] = []
+        """Send-to-answer seconds of every decision that had one (the sim's `decisions` event
+        summarises them; live records carry theirs)."""
+
+    @property
+    def fallback_name(self) -> str | None:
+        """The name of the policy that decides when this one fails (None for a built-in)."""
+        return None if self.fallback is None else self.fallback.name
 
     @classmethod
     def for_spec(cls, spec: str, config: PolicyConfig | None = None) -> Decider:
@@ -194,14 +219,14 @@ class Decider:
         """Blocking (the sim, and Python policies live)."""
         t0 = time.perf_counter()
         try:
-            route = self.policy.decide(view, snapshot)
+            route, answer_s = self._decide(view, snapshot)
         except LookupError:
             raise
         except Exception as exc:
             if self.fallback is None:
                 raise
-            return self._fall_back(view, snapshot, _reason(exc), t0)
-        return self._checked(view, snapshot, route, t0)
+            return self._fall_back(view, snapshot, _reason(exc), t0, _answer_s(exc))
+        return self._checked(view, snapshot, route, t0, answer_s)
 
     async def adecide(self, view: RequestView, snapshot: Snapshot) -> Decision:
         """The live router's: an HTTP policy's exchange does not block the event loop."""
@@ -209,27 +234,35 @@ class Decider:
             return self.decide(view, snapshot)
         t0 = time.perf_counter()
         try:
-            route = await self._adecide(view, snapshot)
+            route, answer_s = await self._adecide(view, snapshot)
         except LookupError:
             raise
         except Exception as exc:
             if self.fallback is None:
                 raise
-            return self._fall_back(view, snapshot, _reason(exc), t0)
-        return self._checked(view, snapshot, route, t0)
+            return self._fall_back(view, snapshot, _reason(exc), t0, _answer_s(exc))
+        return self._checked(view, snapshot, route, t0, answer_s)
 
-    def _checked(self, view: RequestView, snapshot: Snapshot, route: Route, t0: float) -> Decision:
+    def _checked(
+        self, view: RequestView, snapshot: Snapshot, route: Route, t0: float, answer_s: float | None
+    ) -> Decision:
         if self.fallback is None:  # a built-in policy: its routes are the reference
             return Decision(route, "policy", None, time.perf_counter() - t0)
         problem = route_problem(route, snapshot)
         if problem is not None:
-            return self._fall_back(view, snapshot, problem, t0)
-        return Decision(route, "policy", None, time.perf_counter() - t0)
+            return self._fall_back(view, snapshot, problem, t0, answer_s)
+        if answer_s is not None:
+            self.answer_walls.append(answer_s)
+        return Decision(route, "policy", None, time.perf_counter() - t0, answer_s)
 
-    def _fall_back(self, view: RequestView, snapshot: Snapshot, reason: str, t0: float) -> Decision:
+    def _fall_back(
+        self, view: RequestView, snapshot: Snapshot, reason: str, t0: float, answer_s: float | None
+    ) -> Decision:
         assert self.fallback is not None
         route = self.fallback.decide(view, snapshot)  # its LookupError: no route yet
-        return Decision(route, "fallback", reason, time.perf_counter() - t0)
+        if answer_s is not None:
+            self.answer_walls.append(answer_s)
+        return Decision(route, "fallback", reason, time.perf_counter() - t0, answer_s)
 
     # ---------------------------------------------------------------------- outcomes
 
@@ -263,6 +296,27 @@ class Decider:
             await aclose()
         else:
             self.close()
+
+
+def _untimed(
+    decide: Callable[[RequestView, Snapshot], Route],
+) -> Callable[[RequestView, Snapshot], tuple[Route, float | None]]:
+    return lambda view, snapshot: (decide(view, snapshot), None)
+
+
+def _auntimed(
+    adecide: Callable[[RequestView, Snapshot], Awaitable[Route]],
+) -> Callable[[RequestView, Snapshot], Awaitable[tuple[Route, float | None]]]:
+    async def timed(view: RequestView, snapshot: Snapshot) -> tuple[Route, float | None]:
+        return await adecide(view, snapshot), None
+
+    return timed
+
+
+def _answer_s(exc: BaseException) -> float | None:
+    """The send-to-answer seconds of a failed decision whose answer was read in time."""
+    answer_s = getattr(exc, "answer_s", None)
+    return answer_s if isinstance(answer_s, float) else None
 
 
 def describe(spec: str) -> str:

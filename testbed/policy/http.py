@@ -3,16 +3,18 @@
 Named by its URL, wherever a policy name goes: `--policy http://127.0.0.1:9000/route`, or
 `policy: {kind: http, url: ..., timeout: 20ms, fallback: prfaas-static}` in a scenario (the
 config turns that into the same string). Settings ride in the URL's fragment, which is never
-sent: `http://host:port/route#timeout=20ms&fallback=prfaas-static&validate=1`. The registry
-makes one class per such name (the resolver below), carrying the fallback's facts (deployment,
-threshold, scheduler loops, cache awareness): the service decides routes, the testbed keeps
-running what the fallback would need, so a fallback decision is always possible.
+sent: `http://host:port/route#timeout=20ms&fallback=prfaas-static&lanes=8&validate=1`. The
+registry makes one class per such name (the resolver below), carrying the fallback's facts
+(deployment, threshold, scheduler loops, cache awareness): the service decides routes, the
+testbed keeps running what the fallback would need, so a fallback decision is always possible.
 
 `decide` blocks (the sim: a decision takes no virtual time; its wall latency is measured);
-`adecide` is the live router's, on one aiohttp session with keep-alive. Either raises
-LookupError for "no route yet" (HTTP 503) and anything else for a failure; the shared wrapper
-(testbed.policy.decider) turns a failure into a fallback decision. Outcomes go to POST
-/feedback from a bounded queue on a worker thread: fire-and-forget, dropped when full.
+`adecide` is the live router's: up to `lanes` exchanges at once on one aiohttp session with
+keep-alive (testbed.policy.http_client: lanes, the total deadline, the size cap, no redirects).
+Either raises LookupError for "no route yet" (HTTP 503) and anything else for a failure; the
+shared wrapper (testbed.policy.decider) turns a failure into a fallback decision. The `_timed`
+forms also give the send-to-answer seconds. Outcomes go to POST /feedback from a bounded queue
+on a worker thread: fire-and-forget, dropped when full, each post bounded in time and size.
 """
 
 from __future__ import annotations
@@ -21,22 +23,28 @@ import asyncio
 import contextlib
 import http.client
 import json
-import os
 import queue
-import secrets
-import signal
-import socket
-import subprocess
 import threading
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from testbed.config import DeploymentKind
 from testbed.policy.base import POLICIES, Policy, RequestView, Route, Snapshot
+from testbed.policy.http_client import (
+    DEFAULT_LANES,
+    MAX_LANES,
+    Answered,
+    BlockingClient,
+    Lane,
+    Lanes,
+    late,
+    read_capped,
+)
+from testbed.policy.http_process import SchedulerProcess
 from testbed.policy.protocol import (
     FEEDBACK_PATH,
     DeltaEncoder,
@@ -51,6 +59,7 @@ from testbed.units import UnitError, parse_duration
 
 __all__ = [
     "DEFAULT_FALLBACK",
+    "DEFAULT_LANES",
     "DEFAULT_TIMEOUT_S",
     "HttpPolicy",
     "HttpSpec",
@@ -84,6 +93,8 @@ class HttpSpec:
     fallback: str = DEFAULT_FALLBACK
     validate: bool = False
     """Debug: check every message against the JSON Schemas in schemas/ (needs jsonschema)."""
+    lanes: int = DEFAULT_LANES
+    """Live exchanges at once, each with its own router id (testbed.policy.http_client)."""
 
     @classmethod
     def parse(cls, spec: str) -> HttpSpec:
@@ -103,10 +114,15 @@ class HttpSpec:
                 kw["fallback"] = value
             elif key == "validate":
                 kw["validate"] = value not in ("0", "false", "no", "")
+            elif key == "lanes":
+                if not value.isdigit() or not 1 <= int(value) <= MAX_LANES:
+                    raise ValueError(f"policy URL {spec!r}: lanes must be a whole number "
+                                     f"from 1 to {MAX_LANES}, not {value!r}")  # fmt: skip
+                kw["lanes"] = int(value)
             else:
                 raise ValueError(
                     f"policy URL {spec!r}: unknown setting {key!r} in the fragment "
-                    "(known: timeout, fallback, validate)"
+                    "(known: timeout, fallback, lanes, validate)"
                 )
         return cls(url, **kw)
 
@@ -117,9 +133,16 @@ class HttpSpec:
             frag.append(f"timeout={self.timeout_s * 1e3:g}ms")
         if self.fallback != DEFAULT_FALLBACK:
             frag.append(f"fallback={self.fallback}")
+        if self.lanes != DEFAULT_LANES:
+            frag.append(f"lanes={self.lanes}")
         if self.validate:
             frag.append("validate=1")
         return self.url + ("#" + "&".join(frag) if frag else "")
+
+    @property
+    def feedback_timeout_s(self) -> float:
+        """A feedback post's total deadline (it is off the decision path: generous)."""
+        return max(1.0, self.timeout_s * 10)
 
     @property
     def feedback_url(self) -> str:
@@ -168,171 +191,181 @@ class HttpPolicy:
     replans: ClassVar[bool] = False
     long_term: ClassVar[bool] = False
     cache_aware: ClassVar[bool] = False
+    link_view: ClassVar[bool] = True
+    """A service may read the snapshot's link, so the router measures it whatever the
+    fallback's facts (policy.base.measures_link); only re-planning follows the fallback."""
     spec: ClassVar[HttpSpec]
     fallback_name: ClassVar[str]
 
     def __init__(self) -> None:
-        self.router = f"r-{secrets.token_hex(4)}"
-        """This client's id: the service keeps one delta base per router."""
-        self.encoder = DeltaEncoder()
+        self.lanes = Lanes(self.spec.lanes)
+        """Exchanges that may run at once, each with its own router id and delta base; the
+        blocking client (the sim) uses the first only."""
         parts = urllib.parse.urlsplit(self.spec.url)
         self._host = parts.hostname or "127.0.0.1"
-        self._https = parts.scheme == "https"
-        self._port = parts.port or (443 if self._https else 80)
+        https = parts.scheme == "https"
+        self._port = parts.port or (443 if https else 80)
         self._path = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
-        self._conn: http.client.HTTPConnection | None = None
+        self._client = BlockingClient(self._host, self._port, https)
         self._session: Any = None  # aiohttp.ClientSession, made on the first live decision
-        self._lock: asyncio.Lock | None = None
-        """Live decisions go one at a time: each delta is on the base the last one left."""
+        self.clock: Callable[[], float] = time.monotonic
+        """The deadline's clock (monotonic; a test may replace it)."""
+        self._deciders: dict[str, str] = {}
+        """Request id -> the router id of the lane that last decided it (its feedback's)."""
         self._feedback: queue.Queue[dict[str, Any] | None] | None = None
         self._feeder: threading.Thread | None = None
         self.feedback_dropped = 0
         self.resyncs = 0
 
+    @property
+    def router(self) -> str:
+        """The first lane's router id (the blocking client's, and a sequential live one's)."""
+        return self.lanes.all[0].router
+
+    @property
+    def encoder(self) -> DeltaEncoder:
+        return self.lanes.all[0].encoder
+
     # -------------------------------------------------------------------- one decision
 
-    def _body(self, view: RequestView, snapshot: Snapshot, full: bool) -> bytes:
-        doc = encode_decision(self.router, view, self.encoder.encode(snapshot, full=full))
+    def _body(self, lane: Lane, view: RequestView, snapshot: Snapshot, full: bool) -> bytes:
+        self._deciders[view.id] = lane.router
+        doc = encode_decision(lane.router, view, lane.encoder.encode(snapshot, full=full))
         if self.spec.validate:
             _Schemas.check("decision-request", doc)
         return json.dumps(doc, separators=(",", ":")).encode()
 
-    def _answer(self, status: int, body: bytes, snapshot: Snapshot) -> Route | None:
-        """The route of a 200; None for a 409 (resend full); raises for the rest."""
+    def _answer(
+        self, lane: Lane, status: int, body: bytes, snapshot: Snapshot, answer_s: float
+    ) -> Route | None:
+        """The route of a 200; None for a 409 (resend full); raises for the rest (`Answered`:
+        the fallback decides, the answer's time is still reported)."""
         if status == 409:
-            self.encoder.reset()
+            lane.encoder.reset()
             self.resyncs += 1
             return None
         if status == 503:
-            self.encoder.commit()
+            lane.encoder.commit()
             raise NoRouteYet(f"scheduler: no route yet ({body[:120].decode(errors='replace')})")
         if status != 200:
-            self.encoder.reset()
-            raise ProtocolError(f"status: HTTP {status}")
-        self.encoder.commit()
+            lane.encoder.reset()
+            raise Answered(f"status: HTTP {status}", answer_s)
+        lane.encoder.commit()
         try:
             doc = json.loads(body)
+            if self.spec.validate:
+                _Schemas.check("decision-response", doc)
+            return decode_route(doc)
+        except ProtocolError as exc:
+            raise Answered(str(exc), answer_s) from None
         except ValueError:
-            raise ProtocolError(f"garbage: not JSON: {body[:60]!r}") from None
-        if self.spec.validate:
-            _Schemas.check("decision-response", doc)
-        return decode_route(doc, snapshot.threshold_tokens)
+            raise Answered(f"garbage: not JSON: {body[:60]!r}", answer_s) from None
+
+    def _in_time(self, lane: Lane, sent: float, deadline: float) -> float:
+        """Send-to-answer seconds of an answer just read; `late` if its last byte came after
+        the deadline (the loop may have been too busy to fire the timer)."""
+        read = self.clock()
+        if read > deadline:
+            lane.encoder.reset()
+            raise late(self.spec.timeout_s, read - deadline)
+        return read - sent
 
     def decide(self, request: RequestView, snapshot: Snapshot) -> Route:
-        """Blocking (the sim's form): one keep-alive connection, `timeout_s` per decision."""
-        deadline = time.monotonic() + self.spec.timeout_s
+        return self.decide_timed(request, snapshot)[0]
+
+    def decide_timed(self, request: RequestView, snapshot: Snapshot) -> tuple[Route, float]:
+        """Blocking (the sim's form): one keep-alive connection, one lane, a total deadline of
+        `timeout_s` per decision. The route and its send-to-answer wall seconds."""
+        lane = self.lanes.all[0]
+        deadline = self.clock() + self.spec.timeout_s
         full = False
         for _ in range(2):  # a 409 resends the whole snapshot once
-            body = self._body(request, snapshot, full)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.encoder.reset()
-                raise TimeoutError(f"timeout: no answer within {self.spec.timeout_s * 1e3:g}ms")
+            body = self._body(lane, request, snapshot, full)
             try:
-                status, answer = self._post_blocking(body, left)
+                status, answer, sent = self._client.post(self._path, body, deadline, self.clock)
             except TimeoutError:
-                self._drop_conn()
-                self.encoder.reset()
-                raise TimeoutError(
-                    f"timeout: no answer within {self.spec.timeout_s * 1e3:g}ms"
-                ) from None
+                lane.encoder.reset()
+                raise late(self.spec.timeout_s) from None
             except (OSError, http.client.HTTPException) as exc:
-                self._drop_conn()
-                self.encoder.reset()
+                lane.encoder.reset()
                 raise ConnectionError(f"unreachable: {type(exc).__name__}: {exc}") from None
-            route = self._answer(status, answer, snapshot)
+            except ProtocolError:
+                lane.encoder.reset()
+                raise
+            took = self._in_time(lane, sent, deadline)
+            route = self._answer(lane, status, answer, snapshot, took)
             if route is not None:
-                return route
+                return route, took
             full = True
         raise ProtocolError("status: 409 twice (the service refused a full snapshot)")
 
-    def _post_blocking(self, body: bytes, timeout: float) -> tuple[int, bytes]:
-        if self._conn is None:
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            self._conn = cls(self._host, self._port, timeout=timeout)
-            self._conn.connect()
-            with contextlib.suppress(OSError):
-                self._conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._conn.sock.settimeout(timeout)
-        self._conn.request(
-            "POST",
-            self._path,
-            body,
-            {"Content-Type": "application/json", "Connection": "keep-alive"},
-        )
-        resp = self._conn.getresponse()
-        data = resp.read()
-        if resp.will_close:
-            self._drop_conn()
-        return resp.status, data
-
-    def _drop_conn(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
     async def adecide(self, request: RequestView, snapshot: Snapshot) -> Route:
-        """The live router's form: the same exchange on one aiohttp session (keep-alive)."""
+        return (await self.adecide_timed(request, snapshot))[0]
+
+    async def adecide_timed(self, request: RequestView, snapshot: Snapshot) -> tuple[Route, float]:
+        """The live router's form: a free lane (else `queued` at the deadline), then the
+        exchange on one aiohttp session (keep-alive; the lanes bound its connections)."""
         import aiohttp
 
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=64, keepalive_timeout=60),
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
             )
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.spec.timeout_s
-        try:  # one exchange at a time (the delta's base); waiting counts against the timeout
-            async with asyncio.timeout(self.spec.timeout_s):
-                await self._lock.acquire()
-        except TimeoutError:
+        deadline = self.clock() + self.spec.timeout_s
+        lane = await self.lanes.take(deadline, self.clock)
+        if lane is None:
             raise TimeoutError(
-                f"timeout: no answer within {self.spec.timeout_s * 1e3:g}ms (queued behind "
-                "other decisions)"
-            ) from None
+                f"queued: no free lane within {self.spec.timeout_s * 1e3:g}ms "
+                f"({len(self.lanes.all)} lanes busy)"
+            )
         try:
-            return await self._exchange(request, snapshot, deadline)
+            return await self._exchange(lane, request, snapshot, deadline)
         finally:
-            self._lock.release()
+            self.lanes.give(lane)
 
-    async def _exchange(self, request: RequestView, snapshot: Snapshot, deadline: float) -> Route:
+    async def _exchange(
+        self, lane: Lane, request: RequestView, snapshot: Snapshot, deadline: float
+    ) -> tuple[Route, float]:
         import aiohttp
 
         assert self._session is not None
-        loop = asyncio.get_running_loop()
         full = False
         for _ in range(2):
-            body = self._body(request, snapshot, full)
-            left = deadline - loop.time()
+            body = self._body(lane, request, snapshot, full)
+            sent = self.clock()
             try:
-                if left <= 0:
+                if sent >= deadline:
                     raise TimeoutError
-                async with asyncio.timeout(left):
+                async with asyncio.timeout(deadline - sent):
                     async with self._session.post(
                         self.spec.url.partition("#")[0],
                         data=body,
                         headers={"Content-Type": "application/json"},
+                        allow_redirects=False,
                     ) as resp:
-                        status, answer = resp.status, await resp.read()
+                        status, answer = resp.status, await read_capped(resp)
             except TimeoutError:
-                self.encoder.reset()
-                raise TimeoutError(
-                    f"timeout: no answer within {self.spec.timeout_s * 1e3:g}ms"
-                ) from None
+                lane.encoder.reset()
+                raise late(self.spec.timeout_s) from None
             except (OSError, aiohttp.ClientError) as exc:
-                self.encoder.reset()
+                lane.encoder.reset()
                 raise ConnectionError(f"unreachable: {type(exc).__name__}: {exc}") from None
-            route = self._answer(status, answer, snapshot)
+            except ProtocolError:
+                lane.encoder.reset()
+                raise
+            took = self._in_time(lane, sent, deadline)
+            route = self._answer(lane, status, answer, snapshot, took)
             if route is not None:
-                return route
+                return route, took
             full = True
         raise ProtocolError("status: 409 twice (the service refused a full snapshot)")
 
     # -------------------------------------------------------------------- feedback
 
     def on_complete(self, request: RequestView, outcome: Outcome) -> None:
-        """Queue the outcome for POST /feedback; never blocks (dropped when the queue is full)."""
+        """Queue the outcome for POST /feedback; never blocks (dropped when the queue is full).
+        It carries the router id of the lane that decided the request."""
+        router = self._deciders.pop(request.id, self.router)
         if self._feedback is None:
             self._feedback = queue.Queue(FEEDBACK_QUEUE)
             self._feeder = threading.Thread(
@@ -340,35 +373,27 @@ class HttpPolicy:
             )
             self._feeder.start()
         try:
-            self._feedback.put_nowait(encode_feedback(self.router, request, outcome))
+            self._feedback.put_nowait(encode_feedback(router, request, outcome))
         except queue.Full:
             self.feedback_dropped += 1
 
     def _feed(self, q: queue.Queue[dict[str, Any] | None]) -> None:
-        parts = urllib.parse.urlsplit(self.spec.feedback_url)
-        conn: http.client.HTTPConnection | None = None
-        timeout = max(1.0, self.spec.timeout_s * 10)
+        """The worker: each post bounded by a total deadline and its answer by the size cap."""
+        path = urllib.parse.urlsplit(self.spec.feedback_url).path
+        client = BlockingClient(self._host, self._port, self.spec.url.startswith("https:"))
         for _ in iter(int, 1):  # bounded by the queue: None (close) ends it
             doc = q.get()
             if doc is None:
                 break
-            try:
-                if conn is None:
-                    conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
-                conn.request("POST", parts.path, json.dumps(doc).encode(),
-                             {"Content-Type": "application/json"})  # fmt: skip
-                conn.getresponse().read()
-            except (OSError, http.client.HTTPException):
-                if conn is not None:
-                    conn.close()
-                conn = None
-        if conn is not None:
-            conn.close()
+            deadline = time.monotonic() + self.spec.feedback_timeout_s
+            with contextlib.suppress(OSError, http.client.HTTPException, ProtocolError):
+                client.post(path, json.dumps(doc).encode(), deadline)
+        client.close()
 
     # -------------------------------------------------------------------- closing
 
     def close(self) -> None:
-        self._drop_conn()
+        self._client.close()
         if self._feedback is not None and self._feeder is not None:
             with contextlib.suppress(queue.Full):
                 self._feedback.put_nowait(None)
@@ -406,83 +431,3 @@ def _resolve(name: str) -> type[Policy] | None:
 
 
 POLICIES.add_resolver(_resolve)
-
-
-# ------------------------------------------------------------------------ an owned service
-
-
-class SchedulerProcess:
-    """The outside scheduler's process when a scenario owns it (`policy.command`): started
-    before the run, its output to files in the results directory, stopped after it. The
-    scheduler nemesis actions kill, pause and resume it through here."""
-
-    def __init__(self, command: Sequence[str], url: str, out_dir: Path, cwd: Path | None = None):
-        self.command = list(command)
-        self.url = url
-        self.out_dir = out_dir
-        self.cwd = cwd
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self, ready_timeout_s: float = 20.0) -> None:
-        """Start it and wait (bounded) until its port accepts connections."""
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.starts += 1
-        tag = "" if self.starts == 1 else f".{self.starts}"
-        with (
-            open(self.out_dir / f"scheduler{tag}.stdout", "wb") as out,
-            open(self.out_dir / f"scheduler{tag}.stderr", "wb") as err,
-        ):
-            self.proc = subprocess.Popen(
-                self.command, stdout=out, stderr=err, cwd=self.cwd, start_new_session=True
-            )
-        parts = urllib.parse.urlsplit(self.url)
-        host, port = parts.hostname or "127.0.0.1", parts.port or 80
-        deadline = time.monotonic() + ready_timeout_s
-        for _ in range(int(ready_timeout_s / 0.05) + 1):
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"scheduler command {self.command!r} exited with {self.proc.returncode} "
-                    f"before serving (see {self.out_dir}/scheduler{tag}.stderr)"
-                )
-            try:
-                with socket.create_connection((host, port), timeout=0.2):
-                    return
-            except OSError:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"scheduler command {self.command!r}: {host}:{port} not serving "
-                           f"within {ready_timeout_s:g}s")  # fmt: skip
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def signal(self, sig: int) -> None:
-        if self.running:
-            assert self.proc is not None
-            os.kill(self.proc.pid, sig)
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        if self.proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=5)
-
-    def pause(self) -> None:
-        self.signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        self.signal(signal.SIGCONT)
-
-    def stop(self, grace_s: float = 5.0) -> None:
-        if self.proc is None:
-            return
-        self.resume()
-        self.signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            self.kill()

@@ -85,7 +85,7 @@ def link_rate(link: LinkView, config: PredictConfig, floor: float = 0.0) -> floa
     if bw is None:
         return None
     delivered = link.delivered_bps
-    if delivered and delivered > 0 and link.in_flight_bytes > delivered * config.backlog_s:
+    if delivered and delivered > 0 and (link.in_flight_bytes or 0.0) > delivered * config.backlog_s:
         bw = min(bw, delivered)
     bw = max(bw, floor)
     return bw * config.link_headroom if bw > 0 else None
@@ -113,7 +113,7 @@ def predict(
     inf = float("inf")
     bw = link_rate(link, config, floor_bps)
     rtt = link.rtt_s or 0.0
-    ahead = link.in_flight_bytes
+    ahead = link.in_flight_bytes or 0.0
     if config.count_queued_kv:
         ahead = max(ahead, pending_kv)
     # Counted whole although the link shares its rate among transfers (a short KV passes a long

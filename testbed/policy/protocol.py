@@ -10,7 +10,7 @@ left, so what one decision costs on the wire follows what changed, not the deplo
 The cost curves (knots) go only with a full snapshot: they do not change during a run.
 
 Everything here is plain data and pure functions (no I/O), so the Python form and the HTTP
-form of a policy can be checked against the same test vectors (tests/policy/vectors/), and a
+form of a policy can be checked against the same test vectors (testbed/data/policy-vectors/), and a
 service written in Python can reuse `SnapshotMirror` to keep its copy of the deployment.
 """
 
@@ -258,7 +258,13 @@ def encode_feedback(router: str, request: RequestView, outcome: Outcome) -> dict
 
 
 def decode_route(doc: Any, threshold: float | None = None) -> Route:
-    """The route in an answer body; ProtocolError (the fallback reason) if there is none."""
+    """The route in an answer body; ProtocolError (the fallback reason) if there is none.
+
+    The route's threshold is the answer's optional `route.threshold_tokens` (what the policy
+    under test says it applied: the report plots it as the policy's), else `threshold`; an
+    HTTP client passes none, so a service that reports no threshold is not credited with the
+    snapshot's. A value that is not a positive finite number is garbage: the answer breaks
+    the contract, and the fallback decides rather than the testbed guessing what was meant."""
     if not isinstance(doc, dict):
         raise ProtocolError(f"garbage: answer is {type(doc).__name__}, not an object")
     if doc.get("protocol", PROTOCOL) != PROTOCOL:
@@ -274,6 +280,16 @@ def decode_route(doc: Any, threshold: float | None = None) -> Route:
         raise ProtocolError("garbage: prefill_instance and decode_instance must be strings")
     unc = _count(r, "uncached_tokens", None)
     pull = _count(r, "pull_prefix_tokens", 0)
+    said = r.get("threshold_tokens")
+    if said is not None:
+        if (
+            isinstance(said, bool)
+            or not isinstance(said, int | float)
+            or not math.isfinite(said)
+            or said <= 0
+        ):
+            raise ProtocolError(f"garbage: threshold_tokens must be positive, got {said!r}")
+        threshold = float(said)
     return Route(cluster, pre, dec, unc, threshold, pull_prefix_tokens=pull)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from testbed.checkers import checkers_fit
+from testbed.checkers.policy_share import PolicyShareCheck
 from testbed.config import DeploymentConfig
 from testbed.engine.torch import live
 from testbed.errors import UserError
@@ -30,13 +31,14 @@ from testbed.nemesis import (
 )
 from testbed.planner import StagePlan, plan_deployment, plan_inputs
 from testbed.policy import POLICIES, get_policy
+from testbed.policy.http import is_http_spec
 from testbed.scenario.schema import Scenario
 from testbed.sim import refuse_unmodelled
 from testbed.substrate.shaper import preflight_shaper
 from testbed.workload.build import length_distribution
 from testbed.workload.generate import RequestSpec, generate_requests
 
-__all__ = ["RunOptions", "RunPlan", "RunResult", "prepare_run"]
+__all__ = ["RunOptions", "RunPlan", "RunResult", "outside_policy", "prepare_run", "with_defaults"]
 
 
 @dataclass
@@ -133,12 +135,14 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        return all(c.ok for c in self.checks)
+        """No check failed (a vacuous one does not fail the run: `verdict`, not each `ok`)."""
+        return all(c.verdict != "failed" for c in self.checks)
 
     @property
     def exit_code(self) -> int:
         """What `testbed run` exits with: 128 + the signal when one stopped it (130 for
-        Ctrl-C, 143 for SIGTERM, 129 for SIGHUP), else 0 when every checker passed, 1 if not."""
+        Ctrl-C, 143 for SIGTERM, 129 for SIGHUP), else 0 when no checker failed (passed or
+        vacuous), 1 if one did."""
         if self.signal is not None:
             return 128 + self.signal
         if self.interrupted:
@@ -161,12 +165,28 @@ def _pick_deployment(scenario: Scenario, policy: str) -> tuple[str, DeploymentCo
     )
 
 
+def outside_policy(spec: str) -> bool:
+    """A policy from outside the package (module:Class, an entry point, an HTTP service): the
+    one kind that has a fallback deciding when it fails (testbed.policy.decider)."""
+    return is_http_spec(spec) or POLICIES.is_plugin(spec)
+
+
+def with_defaults(scenario: Scenario, policy: str) -> Scenario:
+    """The scenario with the checkers every run of `policy` carries besides its own: for an
+    outside policy `policy_share` (it decided at least 99% itself), unless the scenario lists
+    one already (with its own `min`)."""
+    if not outside_policy(policy) or any(c.check == "policy_share" for c in scenario.checkers):
+        return scenario
+    return scenario.model_copy(update={"checkers": [*scenario.checkers, PolicyShareCheck()]})
+
+
 def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
     """Decide the policy, deployment, threshold, PD split, arrival rate and requests."""
     if opts.seed is not None:
         scenario = scenario.model_copy(update={"seed": opts.seed})
     policy = opts.policy or scenario.policy.name
     get_policy(policy)  # an unknown name, or a plugin that cannot load: one line, now
+    scenario = with_defaults(scenario, policy)
     if opts.substrate == "compose" and POLICIES.is_plugin(policy):
         raise UserError(
             f"policy plugin {policy!r} runs on the local substrate: the compose images carry "

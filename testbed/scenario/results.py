@@ -15,7 +15,7 @@ from testbed.metrics.bench import run_metadata
 from testbed.metrics.files import atomic_write
 from testbed.metrics.records import HistoryEvent, RequestRecord, write_jsonl
 from testbed.metrics.report import write_report
-from testbed.metrics.summary import summarize
+from testbed.metrics.summary import outside_policy, summarize
 from testbed.metrics.timeline import write_timeline
 from testbed.scenario.plan import RunOptions, RunPlan, RunResult
 
@@ -103,6 +103,7 @@ def write_results(
         history,
         title=f"{sc.name} ({rp.policy})",
         ttft_slo_s=sc.slo.ttft,
+        outside=outside_policy(summary["decisions"]),
     )
     end = time.perf_counter()
     summary["wall"] = {

@@ -31,6 +31,7 @@ from testbed.metrics.files import Journal, write_jsonl_atomic
 from testbed.metrics.records import HistoryEvent, JournaledHistory, RequestRecord
 from testbed.nemesis import NemesisPlayer, stop_player
 from testbed.policy import get_policy
+from testbed.policy.base import measures_link
 from testbed.scenario.outside import OwnedScheduler, start_owned_scheduler
 from testbed.scenario.plan import Progress, RunOptions, RunPlan, RunResult
 from testbed.scenario.results import write_results
@@ -226,7 +227,9 @@ class _Run:
         router_spec.threshold_tokens = self.rp.threshold_tokens
         router_spec.instances = instances
         router_spec.prefix_cache_bytes = cluster_capacities(dep)
-        if get_policy(self.rp.policy).replans:
+        policy_cls = get_policy(self.rp.policy)
+        # the loops run for a policy that re-plans, and to measure the link for one that reads it
+        if policy_cls.replans or (measures_link(policy_cls) and dep.prfaas is not None):
             sc = self.rp.scenario
             router_spec.scheduler = SchedulerSpec(
                 deployment=dep,
@@ -238,6 +241,7 @@ class _Run:
                 short_term=sc.policy.short_term,
                 long_term=sc.policy.long_term if switchable else None,
                 n_local=dep.local.instances,
+                replans=policy_cls.replans,
             )
         self.router = (await self._start_all([router_spec]))[0]
 
@@ -429,7 +433,9 @@ class _Run:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, KeyError):
             async with asyncio.timeout(EVENTS_GRACE_S):
                 async with session.get(f"{self.router.url}/stats") as resp:
-                    made = int((await resp.json())["events_seq"])
+                    made = int((stats := await resp.json())["events_seq"])
+                if isinstance(doc := stats.get("decisions"), dict):  # its fallback, loop lag
+                    self.history.append(HistoryEvent(self.clock.now(), "decisions", doc))
                 while self.events_seen < made and not follower.done():
                     await asyncio.sleep(0.05)
         follower.cancel()

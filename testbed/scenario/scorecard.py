@@ -3,8 +3,10 @@
 Every library scenario (or the ones asked for) runs for the policy under test and for each
 baseline with the same seeds; per scenario the scorecard keeps each one's mean figures over the
 seeds (testbed.metrics.scorecard: checker verdicts, goodput at the SLO, SLO attainment, TTFT
-percentiles, failures, cross-datacenter bytes), the policy's deltas against each baseline with a
-win / tie / loss verdict, and on the sim a reference row: the best fixed threshold in hindsight
+percentiles, failures, cross-datacenter bytes, who decided the routes), the policy's deltas
+against each baseline with a win / tie / loss verdict and the criterion that decided it, or
+`not judged` where the policy's fallback decided more than the bound allows
+(testbed.metrics.verdict), and on the sim a reference row: the best fixed threshold in hindsight
 (testbed.scenario.hindsight) for the scenario's objective (P90 TTFT over the fault window when
 the scenario has faults, else goodput at the SLO).
 
@@ -33,10 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from testbed.checkers.policy_share import DEFAULT_MIN_SHARE
 from testbed.errors import UserError
 from testbed.metrics.files import atomic_write
 from testbed.metrics.scorecard import compare, mean_rows
+from testbed.metrics.verdict import NOT_JUDGED
 from testbed.policy import get_policy
+from testbed.policy.decider import describe
 from testbed.scenario.hindsight import (
     HindsightPlan,
     Objective,
@@ -126,10 +131,13 @@ def run_scorecard(
     out: Path | None = None,
     log: Callable[[str], None] | None = None,
     cache: Path | None = None,
+    min_policy_share: float = DEFAULT_MIN_SHARE,
 ) -> dict[str, Any]:
     """Run the scorecard and return it as a JSON-ready dict (testbed.metrics.scorecard writes
     it). `log` gets one line per finished run (the CLI prints them on stderr). With `cache` (a
-    directory), sim runs that cannot have changed are read from it (see `cache_key`)."""
+    directory), sim runs that cannot have changed are read from it (see `cache_key`). A
+    scenario where the policy decided less than `min_policy_share` of the routes itself (over
+    every seed) is not judged (testbed.metrics.verdict)."""
     started = time.perf_counter()
     cpu0 = _cpu_s()
     say = log or (lambda _line: None)
@@ -139,6 +147,8 @@ def run_scorecard(
         )
     if not seeds:
         raise UserError("a scorecard needs at least one seed")
+    if not 0 <= min_policy_share <= 1:
+        raise UserError(f"--min-policy-share: a fraction from 0 to 1, got {min_policy_share:g}")
     if len(set(seeds)) != len(seeds):
         raise UserError("--seeds: a seed given twice")
     for spec in (policy, *baselines):
@@ -176,7 +186,7 @@ def run_scorecard(
         rows, cached = _run_sim(entries, specs, seeds, jobs, say, cache)
     else:
         rows, cached = _run_local(entries, specs, seeds, out, say), 0
-    card = _card(policy, bases, substrate, seeds, entries, rows, skipped)
+    card = _card(policy, bases, substrate, seeds, entries, rows, skipped, min_policy_share)
     card["cached_runs"] = cached
     card["wall_s"] = time.perf_counter() - started
     card["cpu_s"] = _cpu_s() - cpu0
@@ -273,8 +283,9 @@ def _run_sim(
     def show(i: int, row: dict[str, Any]) -> None:
         t = f" t={row['threshold_tokens']:.0f}" if row["label"] == HINDSIGHT else ""
         p90 = row["ttft_p90_s"]
+        who = describe(row["label"])
         say(
-            f"[{i + 1}/{len(todo)}] {row['scenario']} {row['label']}{t} seed {row['seed']}: "
+            f"[{i + 1}/{len(todo)}] {row['scenario']} {who}{t} seed {row['seed']}: "
             f"SLO {row['slo_attainment'] or 0:.1%}, goodput {row['goodput_rps']:.2f} req/s, "
             f"TTFT p90 {p90 if p90 is not None else float('nan'):.2f}s, failed {row['failed']}"
         )
@@ -333,7 +344,7 @@ def _run_local(
                 )
                 rows.append(row)
                 say(
-                    f"[{len(rows)}/{total}] {e.name} {spec} seed {seed}: SLO "
+                    f"[{len(rows)}/{total}] {e.name} {describe(spec)} seed {seed}: SLO "
                     f"{row['slo_attainment'] or 0:.1%}, failed {row['failed']}, "
                     f"checks {'ok' if result.ok else 'FAILED'}"
                 )
@@ -348,10 +359,11 @@ def _card(
     entries: Sequence[_Entry],
     rows: Sequence[dict[str, Any]],
     skipped: dict[str, str],
+    min_share: float = DEFAULT_MIN_SHARE,
 ) -> dict[str, Any]:
     scenarios: list[dict[str, Any]] = []
     tallies: dict[str, dict[str, Any]] = {
-        b: {"win": 0, "tie": 0, "loss": 0, "scenarios": 0, "deltas": []}
+        b: {"win": 0, "tie": 0, "loss": 0, "not_judged": 0, "scenarios": 0, "deltas": []}
         for b in [*bases, HINDSIGHT]
     }
     for e in entries:
@@ -379,20 +391,26 @@ def _card(
                 f"{best['n_decode']} PD-D), the best of {len(hr.settings)} thresholds by "
                 f"{hr.objective} (fault window {hr.window_s[0]:.0f}-{hr.window_s[1]:.0f} s)"
             )
-        against = {b: compare(table[policy], table[b]) for b in bases}
+        mine_row = table[policy]
+        against = {b: compare(mine_row, table[b], min_share=min_share) for b in bases}
         if HINDSIGHT in table:  # judged by the objective its setting was chosen by
-            against[HINDSIGHT] = compare(table[policy], table[HINDSIGHT], e.objective)
+            against[HINDSIGHT] = compare(mine_row, table[HINDSIGHT], e.objective,
+                                         min_share=min_share)  # fmt: skip
         for b, cmp in against.items():
             t = tallies[b]
-            t[cmp["verdict"]] += 1
+            t[cmp["verdict"].replace(" ", "_")] += 1
             t["scenarios"] += 1
-            t["deltas"].append(cmp["deltas"]["slo_attainment"])
+            if cmp["verdict"] != NOT_JUDGED:  # the mean is over what the policy decided
+                t["deltas"].append(cmp["deltas"]["slo_attainment"])
+        share = mine_row.get("policy_share")
         scenarios.append(
             {
                 "name": e.name,
                 "objective": e.objective,
                 "rows": table,
                 "against": against,
+                "policy_share": None if share is None else {**share, "min": min_share},
+                "judged": not any(c["verdict"] == NOT_JUDGED for c in against.values()),
                 "hindsight": hindsight,
                 "note": note,
             }
@@ -409,6 +427,7 @@ def _card(
         "baselines": list(bases),
         "substrate": substrate,
         "seeds": list(seeds),
+        "min_policy_share": min_share,
         "runs": len(rows),
         "scenarios": scenarios,
         "skipped": skipped,

@@ -135,15 +135,43 @@ class ControlLoops:
         return LinkSample(
             t=self.clock.now(),
             bytes_acked=self.scale.real_bytes(sum(x.bytes_acked for x in live)),
-            # bytes waiting for the sender's window are as much a queue as bytes in flight
-            inflight_bytes=self.scale.real_bytes(
-                sum(x.in_flight_bytes + x.queued_bytes for x in live)
+            # bytes waiting for the sender's window are as much a queue as bytes in flight;
+            # never below 0 (a counter's float residue would read as a negative queue)
+            inflight_bytes=max(
+                self.scale.real_bytes(sum(x.in_flight_bytes + x.queued_bytes for x in live)),
+                0.0,
             ),
         )
 
+    def senders(self) -> list[InstanceView]:
+        """The PrfaaS instances, whose KV senders' counters are the link's."""
+        return [i for i in self.cluster.instances.values() if i.cluster == "prfaas"]
+
+    async def run_link_view(self) -> None:
+        """Only measure the link (`spec.replans` False): for a policy that reads the snapshot's
+        link without re-planning, the link view follows the senders' counters every
+        `interval` while the threshold stays the scenario's and no event is recorded. Nothing
+        is assumed before it is measured: bytes in flight are None until the first sample,
+        the bandwidth estimate and the delivered rate until the second (a rate needs two)."""
+        state, estimator = self.state, self.estimator
+        senders = self.senders()
+        while True:
+            await self.clock.sleep(self.short.interval)
+            sample = await self.sample_link(senders)
+            if sample is None:
+                continue
+            estimate = estimator.update(sample)
+            state.link_in_flight = sample.inflight_bytes
+            state.link_delivered = estimator.delivered
+            state.bandwidth_estimate = None if estimator.delivered is None else estimate
+
     async def run_short_term(self) -> None:
         """Estimate the link from the PrfaaS senders; re-plan t when the estimate moves, and
-        every `window` anyway (the observed lengths move too)."""
+        every `window` anyway (the observed lengths move too). With `spec.replans` False,
+        only the link is measured (`run_link_view`)."""
+        if not self.sch.replans:
+            await self.run_link_view()
+            return
         state, st, cluster = self.state, self.short, self.cluster
 
         def plan_t(bandwidth: float) -> StagePlan:
@@ -159,10 +187,13 @@ class ControlLoops:
             st.scarce_utilisation,
         )
         ctl = self.ctl
+        # the loop plans from the configured link until it has measured one: that starting
+        # belief (nominal bandwidth, an empty link) is what the snapshot shows meanwhile
         state.bandwidth_estimate = self.estimator.estimate
+        state.link_in_flight = 0.0
         state.set_policy(ctl.threshold, ctl.scarce)
         state.record("threshold", threshold_tokens=ctl.threshold, scarce=ctl.scarce, why="start")
-        senders = [i for i in cluster.instances.values() if i.cluster == "prfaas"]
+        senders = self.senders()
         last_refresh = self.clock.now()
         recorded = ctl.threshold
         while True:

@@ -16,7 +16,12 @@ __all__ = ["SchedulerSpec"]
 
 class SchedulerSpec(BaseModel):
     """What the short-term loop needs to re-run the planner (the deployment, the length
-    distribution and the SLO) and, when `long_term` is set, the long-term loop's knobs."""
+    distribution and the SLO) and, when `long_term` is set, the long-term loop's knobs.
+
+    `replans` False runs the short-term loop for the link view alone: it samples the PrfaaS
+    senders for the snapshot (a policy that reads the link without re-planning, such as an
+    HTTP policy whose fallback is prfaas-static; policy.base.measures_link), and the
+    threshold stays the scenario's."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -30,3 +35,5 @@ class SchedulerSpec(BaseModel):
     long_term: LongTermConfig | None = None
     """None: no role conversion (the prfaas-nolongterm ablation)."""
     n_local: int = 0
+    replans: bool = True
+    """False: measure the link only (see the class docstring); no threshold events."""

@@ -54,9 +54,10 @@ class SchedulerState:
         """The short-term loop's verdict: cross-datacenter bandwidth is scarce."""
         self.bandwidth_estimate: float | None = None
         """Real bytes/s of cross-datacenter bandwidth the short-term loop believes in."""
-        self.link_in_flight = 0.0
+        self.link_in_flight: float | None = None
         """Real bytes the PrfaaS senders had sent or queued and not yet acknowledged, as of the
-        short-term loop's last look."""
+        short-term loop's last look (never negative); None until something measured it (no
+        loop runs for the policy, or it has not sampled yet): 0 would read as an idle link."""
         self.link_delivered: float | None = None
         """Real bytes/s acknowledged over the short-term loop's last tick."""
         self.draining: set[str] = set()

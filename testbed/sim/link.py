@@ -188,12 +188,16 @@ class SimLink:
 
     def in_queue(self, sender: str) -> float:
         """Bytes of `sender`'s active flows produced and not yet delivered (its KV sender's
-        in-flight plus queued bytes)."""
+        in-flight plus queued bytes); never negative: a flow that has caught up with its
+        producer computes both sides in floats, and their residue (-2.4e-07 was seen) is no
+        queue."""
         now = self.loop.time()
         if self._fast:
-            return sum(f.produced(now) - self._fast_sent(f, now) for f in self._of(sender))
-        self._advance(now)
-        return sum(f.produced(now) - f.sent for f in self._of(sender))
+            queued = sum(f.produced(now) - self._fast_sent(f, now) for f in self._of(sender))
+        else:
+            self._advance(now)
+            queued = sum(f.produced(now) - f.sent for f in self._of(sender))
+        return max(queued, 0.0)
 
     def carried(self) -> float:
         """Real bytes the link has carried so far (what its samples report)."""

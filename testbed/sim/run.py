@@ -26,6 +26,7 @@ from testbed.kvcache.manager import KVCacheManager, cluster_capacities
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.nemesis import NemesisPlayer, PlannedFault, stop_player
 from testbed.policy import get_policy
+from testbed.policy.base import measures_link
 from testbed.policy.decider import Decider, wall_percentiles_ms
 from testbed.profiles import MODELS
 from testbed.scheduler.cluster import Role
@@ -150,7 +151,8 @@ async def _run(inp: SimInputs) -> SimOutput:
     )  # fmt: skip
     policy_cls = get_policy(inp.policy)
     control: ControlLoops | None = None
-    if policy_cls.replans:
+    # the loops run for a policy that re-plans, and to measure the link for one that reads it
+    if policy_cls.replans or (measures_link(policy_cls) and dep.prfaas is not None):
         switchable = policy_cls.long_term and dep.prfaas is not None
         spec = SchedulerSpec(
             deployment=dep,
@@ -162,6 +164,7 @@ async def _run(inp: SimInputs) -> SimOutput:
             short_term=inp.short_term,
             long_term=inp.long_term if switchable else None,
             n_local=dep.local.instances,
+            replans=policy_cls.replans,
         )
         control = ControlLoops(spec, cluster, state, clock, inp.scale)
     cache = KVCacheManager.for_model(model, cluster_capacities(dep))
@@ -234,8 +237,12 @@ async def _run(inp: SimInputs) -> SimOutput:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         dispatcher.decider.close()
-    walls = wall_percentiles_ms(dispatcher.decision_walls)
-    history.append(HistoryEvent(loop.time(), "decisions", {"wall_ms": walls}))
+    decider = dispatcher.decider  # wall latencies only: a decision takes no virtual time
+    history.append(HistoryEvent(loop.time(), "decisions", {
+        "wall_ms": wall_percentiles_ms(dispatcher.decision_walls),
+        "answer_wall_ms": wall_percentiles_ms(decider.answer_walls),
+        "fallback": decider.fallback_name,
+    }))  # fmt: skip
     _engine_events(instances, history, loop.time())
     history.sort(key=lambda e: e.t)
     ordered = [records[i] for i in submitted if i in records]

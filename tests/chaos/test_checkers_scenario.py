@@ -259,7 +259,7 @@ def test_reroute_is_vacuous_when_no_request_arrives_during_the_fault() -> None:
     # issue #12 item 14: this passed as ok before, though the partition exercised nothing
     records = [rec(1, 50), rec(2, 105), local(3, 110)]
     c = check_reroute(records, PARTITION, "partition", within_s=10)
-    assert c.ok and c.vacuous and c.verdict == "vacuous", c
+    assert not c.ok and not c.failed and c.verdict == "vacuous", c  # neither pass nor fail
     assert "no request needing re-routing arrived during it" in c.detail
     # short requests (below the threshold) during a link fault are not in scope either
     short = [rec(1, 50), local(2, 70, input_tokens=1_000)]

@@ -170,14 +170,16 @@ def test_throughput_uses_the_optimum_after_the_shift() -> None:
 # ------------------------------------------------------------------- vacuous (issue #12, 14)
 
 
-def test_a_vacuous_result_did_not_fail_and_says_so() -> None:
+def test_a_vacuous_result_did_not_fail_and_did_not_pass() -> None:
     ok = CheckResult("x", True, "d")
-    vac = CheckResult("x", True, "d", vacuous=True)
+    vac = CheckResult("x", False, "d", vacuous=True)
     bad = CheckResult("x", False, "d")
     assert [c.verdict for c in (ok, vac, bad)] == ["ok", "vacuous", "failed"]
-    assert vac.to_json() == {"name": "x", "ok": True, "verdict": "vacuous", "detail": "d"}
+    assert [c.failed for c in (ok, vac, bad)] == [False, False, True]  # what gates a run
+    # a script counting `ok` never counts a check that exercised nothing as a pass (#30)
+    assert vac.to_json() == {"name": "x", "ok": False, "verdict": "vacuous", "detail": "d"}
     with pytest.raises(ValueError, match="vacuous"):
-        CheckResult("x", False, "d", vacuous=True)
+        CheckResult("x", True, "d", vacuous=True)
 
 
 def test_builtins_are_vacuous_when_nothing_ran_or_completed() -> None:
@@ -237,7 +239,7 @@ def test_summary_and_report_show_a_vacuous_check(tmp_path: Path) -> None:
     out = _partition_run(tmp_path, quiet_during=True)
     checks = {c["name"]: c for c in json.loads((out / "summary.json").read_text())["checks"]}
     assert checks["reroute_partition"]["verdict"] == "vacuous", checks
-    assert checks["reroute_partition"]["ok"] is True
+    assert checks["reroute_partition"]["ok"] is False  # not a pass (#30)
     assert checks["failures"]["verdict"] == "ok"
     report = (out / "report.md").read_text()
     assert "| reroute_partition | VACUOUS |" in report

@@ -14,7 +14,7 @@ from testbed.cli import main
 from testbed.substrate import SUBSTRATES
 
 ROOT = Path(__file__).resolve().parents[2]
-SUBCOMMANDS = ("plan", "run", "scenarios", "link", "verify-model")
+SUBCOMMANDS = ("plan", "run", "scenarios", "link", "verify-model", "policy-vectors")
 
 
 def test_python_dash_m_runs_the_command() -> None:

@@ -1,6 +1,10 @@
-"""Write tests/policy/vectors/*.json (run by hand when the protocol changes; not a test).
+"""Write the shared test vectors, testbed/data/policy-vectors/*.json (run by hand when the
+protocol changes; not a test).
 
-`python tests/policy/make_vectors.py` with examples/least-ttft importable. Each vector is a
+They ship as package data, so `testbed policy-vectors URL` (testbed/cli/policy_vectors.py) runs
+them against an outside author's service from a pip-installed testbed, with no test source;
+tests/policy/test_policy_vectors.py reads the same files. `python tests/policy/make_vectors.py`
+from the repository root (examples/least-ttft is put on the path). Each vector is a
 sequence of steps sent by one router: a decision document (built with the router's own
 encoder, so the vectors are what a router really sends) and what either form of a policy must
 do with it: `route` (HTTP 200), `no_route` (HTTP 503 / LookupError) or `resync` (HTTP 409).
@@ -17,13 +21,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from testbed.cli.policy_vectors import VECTORS_DIR
 from testbed.policy.base import InstanceLoad, RequestView, Snapshot
 from testbed.policy.protocol import DeltaEncoder, encode_decision
 
-HERE = Path(__file__).resolve().parent / "vectors"
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "least-ttft"))
 
-from least_ttft.server import Service  # noqa: E402
+from least_ttft.server import Service
 
 COSTS = {
     "prefill_knots": {
@@ -214,9 +218,11 @@ def answer_vectors() -> dict[str, dict[str, Any]]:
 
 
 def main() -> None:
-    HERE.mkdir(exist_ok=True)
+    VECTORS_DIR.mkdir(exist_ok=True)
     for name, vec in {**decision_vectors(), **answer_vectors()}.items():
-        (HERE / f"{name}.json").write_text(json.dumps({"name": name, **vec}, indent=1) + "\n")
+        (VECTORS_DIR / f"{name}.json").write_text(
+            json.dumps({"name": name, **vec}, indent=1) + "\n"
+        )
         print(name)
 
 

@@ -54,13 +54,15 @@ def _forget_policy_urls() -> Iterator[None]:
 
 def test_the_url_carries_its_settings() -> None:
     s = HttpSpec.parse("http://127.0.0.1:9000/route")
-    assert (s.timeout_s, s.fallback, s.validate) == (0.02, "prfaas-static", False)
+    assert (s.timeout_s, s.fallback, s.validate, s.lanes) == (0.02, "prfaas-static", False, 8)
     s = HttpSpec.parse("http://127.0.0.1:9000/route#timeout=50ms&fallback=naive&validate=1")
     assert (s.timeout_s, s.fallback, s.validate) == (0.05, "naive", True)
+    assert HttpSpec.parse("http://h:1/r#lanes=3").to_spec() == "http://h:1/r#lanes=3"
     assert HttpSpec.parse(s.to_spec()) == s
     assert s.feedback_url == "http://127.0.0.1:9000/feedback"
     for bad in ("http://h:1/r#colour=red", "http://h:1/r#timeout=0ms", "ftp://h/r",
-                "http://h:1/r#fallback=http://x"):  # fmt: skip
+                "http://h:1/r#fallback=http://x", "http://h:1/r#lanes=0",
+                "http://h:1/r#lanes=65", "http://h:1/r#lanes=two"):  # fmt: skip
         with pytest.raises(ValueError):
             HttpSpec.parse(bad)
 
@@ -215,7 +217,7 @@ async def test_a_slow_service_falls_back_within_the_timeout(blocking: bool) -> N
         try:
             for _ in range(3):
                 d = dec.decide(VIEW, snap()) if blocking else await dec.adecide(VIEW, snap())
-                assert d.decided_by == "fallback" and fallback_kind(d.fallback_reason) == "timeout"
+                assert d.decided_by == "fallback" and fallback_kind(d.fallback_reason) == "late"
                 assert d.route.prefill_instance == "p0"  # prfaas-static: least loaded PrfaaS
         finally:
             await dec.aclose()
@@ -255,7 +257,7 @@ def test_an_unreachable_service_falls_back() -> None:
         pass  # the port is free again
     dec = Decider.for_spec(f"{base}/route")
     d = dec.decide(VIEW, snap())
-    assert fallback_kind(d.fallback_reason) in ("unreachable", "timeout")
+    assert fallback_kind(d.fallback_reason) in ("unreachable", "late")
     dec.close()
 
 
@@ -286,14 +288,14 @@ def test_sim_run_against_a_slow_service_falls_back_every_time(tmp_path: Path) ->
     req, dec = result.summary["requests"], result.summary["decisions"]
     assert req["submitted"] == req["completed"] > 0 and req["failed"] == 0
     assert dec["by"] == {"policy": 0, "fallback": req["submitted"]}
-    assert dec["fallback_reasons"] == {"timeout": req["submitted"]}
+    assert dec["fallback_reasons"] == {"late": req["submitted"]}
     assert dec["latency_wall_ms"]["p50"] >= 20.0
     report = (tmp_path / "report.md").read_text()
     assert f"0 routed by the policy, {req['submitted']} by the fallback" in report
-    assert "| timeout |" in report
+    assert "| late |" in report
     recs = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
     assert {(r["decided_by"], r["fallback_reason"].split(":")[0]) for r in recs} == {
-        ("fallback", "timeout")
+        ("fallback", "late")
     }
 
 

@@ -1,4 +1,5 @@
-"""#16 item 2: the shared test vectors (tests/policy/vectors/, written by make_vectors.py).
+"""#16 item 2: the shared test vectors (package data, testbed/data/policy-vectors/, written by
+make_vectors.py; `testbed policy-vectors URL` runs the decision ones against a service).
 
 Each vector is checked against the protocol's JSON Schemas and run through BOTH forms of a
 policy: the Python form (the example's plugin on the decoded snapshot, or a Python policy giving
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from testbed.cli.policy_vectors import VECTORS_DIR
 from testbed.policy.base import POLICIES, InstanceLoad, RequestView, Route, Snapshot
 from testbed.policy.decider import Decider, fallback_kind
 from testbed.policy.http import check_schema
@@ -30,7 +32,7 @@ from testbed.policy.protocol import (
 )
 from tests.policy.servers import Replay, example_app, serve
 
-VECTORS = sorted((Path(__file__).parent / "vectors").glob("*.json"))
+VECTORS = sorted(VECTORS_DIR.glob("*.json"))
 DECISIONS = [p for p in VECTORS if not p.stem.startswith("answer-")]
 ANSWERS = [p for p in VECTORS if p.stem.startswith("answer-")]
 

@@ -16,6 +16,7 @@ from testbed.scenario.library import LIBRARY_DIR
 from testbed.scenario.schema import load_scenario
 from testbed.scenario.scorecard import HINDSIGHT, run_scorecard
 from testbed.scenario.short import short_variant
+from tests.policy.servers import Replay, serve
 from tests.policy.test_policy_plugins import make_package
 from tests.scenario.test_hindsight import drop, short_scenario
 
@@ -84,17 +85,143 @@ def test_the_hindsight_row_is_at_least_as_good_as_the_static_policy(card: dict[s
 
 
 def test_verdicts() -> None:
-    a = {"slo_attainment": 0.90, "ttft_p90_s": 10.0, "checks_ok": True}
+    a = {"slo_attainment": 0.90, "ttft_p90_s": 10.0, "goodput_rps": 1.0, "checks": {"x": "ok"}}
+    failing = {"x": "failed (1/2 seeds)"}
     assert compare(a, {**a, "slo_attainment": 0.85})["verdict"] == "win"
     assert compare(a, {**a, "slo_attainment": 0.897})["verdict"] == "tie"
     assert compare(a, {**a, "slo_attainment": 0.897, "ttft_p90_s": 12.0})["verdict"] == "win"
-    assert compare(a, {**a, "slo_attainment": 0.99, "checks_ok": False})["verdict"] == "win"
-    assert compare({**a, "checks_ok": False}, a)["verdict"] == "loss"
+    # a checker the baseline fails decides nothing against better figures (#30) ...
+    assert compare(a, {**a, "slo_attainment": 0.99, "checks": failing})["verdict"] == "loss"
+    # ... and breaks a tie only: against the side that fails it, whichever side that is
+    assert compare(a, {**a, "checks": failing})["verdict"] == "win"
+    assert compare({**a, "checks": failing}, a)["verdict"] == "loss"
+    assert compare(a, {**a, "checks": {"x": "vacuous (1/1 seeds)"}})["verdict"] == "tie"
     w = {"ttft_p90_window_s": 10.0, "goodput_rps": 1.0}
     assert compare(w, {**w, "ttft_p90_window_s": 12.0}, "ttft-p90-fault")["verdict"] == "win"
     assert compare(w, {**w, "ttft_p90_window_s": None}, "ttft-p90-fault")["verdict"] == "win"
     assert compare(w, {**w, "goodput_rps": 1.005}, "goodput")["verdict"] == "tie"
     assert compare(w, {**w, "goodput_rps": 1.5}, "goodput")["verdict"] == "loss"
+
+
+def test_each_verdict_names_the_criterion_that_decided_it() -> None:
+    a = {"slo_attainment": 0.90, "ttft_p90_s": 10.0, "goodput_rps": 1.0, "checks": {}}
+    assert compare(a, {**a, "slo_attainment": 0.869})["criterion"] == "SLO attainment +3.1 pt"
+    assert compare(a, {**a, "ttft_p90_s": 12.5})["criterion"] == "P90 TTFT -20%"
+    tied = compare(a, a)
+    assert tied["verdict"] == "tie"
+    assert tied["criterion"] == "SLO attainment within 0.5 pt, P90 TTFT within 5%"
+    by_check = compare(a, {**a, "checks": {"ttft_p90_during_bandwidth": "failed (1/1 seeds)"}})
+    assert by_check["criterion"].endswith(
+        "checker ttft_p90_during_bandwidth fails for the baseline only"
+    )
+    assert by_check["gates"] == {"policy": [], "baseline": ["ttft_p90_during_bandwidth"]}
+    w = {"ttft_p90_window_s": 9.0, "goodput_rps": 1.0}
+    fault = compare(w, {**w, "ttft_p90_window_s": 10.0}, "ttft-p90-fault")
+    assert fault["criterion"] == "P90 TTFT over the fault window -10%"
+    assert compare(w, {**w, "goodput_rps": 0.9}, "goodput")["criterion"] == "goodput +11.1%"
+
+
+# bandwidth-drop, seed 1, as issue #30 saw it: a round-robin plugin against prfaas-static
+RATIO = "ttft_p90_during_bandwidth"
+ROUND_ROBIN = {"slo_attainment": 0.613, "goodput_rps": 1.00, "ttft_p90_s": 43.4,
+               "checks": {RATIO: "ok", "failures": "ok"}}  # fmt: skip
+STATIC = {"slo_attainment": 0.840, "goodput_rps": 1.37, "ttft_p90_s": 17.9,
+          "checks": {RATIO: "failed (1/1 seeds)", "failures": "ok"}}  # fmt: skip
+
+
+def test_a_policy_worse_on_every_figure_is_never_a_win() -> None:
+    cmp = compare(ROUND_ROBIN, STATIC)  # the baseline fails the ratio checker; RR passes it
+    assert cmp["verdict"] == "loss", cmp
+    assert cmp["criterion"] == "SLO attainment -22.7 pt"
+    assert cmp["gates"]["baseline"] == ["ttft_p90_during_bandwidth"]  # shown beside, not deciding
+    # within the ties but worse on all three at once: the checker cannot make it a win
+    close = {**STATIC, "slo_attainment": 0.838, "goodput_rps": 1.36, "ttft_p90_s": 18.0,
+             "checks": ROUND_ROBIN["checks"]}  # fmt: skip
+    cmp = compare(close, STATIC)
+    assert cmp["verdict"] == "tie"
+    assert cmp["criterion"].endswith("but worse on SLO attainment, goodput and P90 TTFT")
+    # nor a loss for one better on all three that fails a checker the other passes
+    better = {**STATIC, "slo_attainment": 0.842, "goodput_rps": 1.38, "ttft_p90_s": 17.8}
+    assert compare(better, close)["verdict"] == "tie"
+
+
+def test_round_robin_on_bandwidth_drop_is_not_a_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The case of issue #30 on the sim: the whole bandwidth-drop scenario, one seed."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
+    rr = "tests.scenario.round_robin:RoundRobin"
+    try:
+        card = run_scorecard(rr, scenarios=["bandwidth-drop"], seeds=[1], hindsight=False)
+    finally:
+        POLICIES.forget_plugins()
+    (sc,) = card["scenarios"]
+    me = sc["rows"][rr]
+    for base in ("prfaas", "prfaas-static"):
+        them, cmp = sc["rows"][base], sc["against"][base]
+        # the premise: worse on every figure, yet the only one to pass the ratio checker
+        assert me["slo_attainment"] < them["slo_attainment"] - 0.1
+        assert me["goodput_rps"] < them["goodput_rps"] and me["ttft_p90_s"] > them["ttft_p90_s"]
+        assert me["checks"]["ttft_p90_during_bandwidth"] == "ok"
+        assert them["checks"]["ttft_p90_during_bandwidth"].startswith("failed")
+        assert cmp["verdict"] == "loss" and cmp["criterion"].startswith("SLO attainment -"), cmp
+        assert cmp["gates"]["baseline"] == ["ttft_p90_during_bandwidth"]
+    assert sc["judged"] and sc["policy_share"]["share"] == 1.0
+    assert card["overall"]["prfaas"]["win"] == 0
+
+
+def test_a_cell_the_fallback_decided_is_not_judged() -> None:
+    seeds = [{"seed": 1, "slo_attainment": 0.9, "checks": {},
+              "decisions": {"policy": 0, "fallback": 300, "reasons": {"status": 300}}},
+             {"seed": 2, "slo_attainment": 0.9, "checks": {},
+              "decisions": {"policy": 1, "fallback": 199,
+                            "reasons": {"status": 190, "timeout": 9}}}]  # fmt: skip
+    mine = mean_rows(seeds)
+    assert mine["policy_share"]["share"] == pytest.approx(1 / 500)
+    assert mine["policy_share"]["reasons"] == {"status": 490, "timeout": 9}
+    worse = {"slo_attainment": 0.5, "checks": {}}
+    for objective in (None, "goodput", "ttft-p90-fault"):  # never a win, tie or loss
+        cmp = compare(mine, worse, objective)
+        assert cmp["verdict"] == "not judged"
+        assert cmp["criterion"] == "not judged (100% by the fallback: status 490, timeout 9)"
+    # the bound is the scorecard's: at 0 every cell is judged; at 0.99 one fallback in 100 is fine
+    assert compare(mine, worse, min_share=0.0)["verdict"] == "win"
+    ok = mean_rows([{**seeds[0], "decisions": {"policy": 99, "fallback": 1, "reasons": {}}}])
+    assert compare(ok, worse)["verdict"] == "win"
+    assert mean_rows([{"seed": 1, "checks": {}}])["policy_share"] is None  # rows that do not say
+
+
+def test_cli_a_service_answering_500_is_not_judged_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Acceptance (#30), cut short: every decision falls back, so no cell is judged."""
+    burst = short_scenario(tmp_path, "burst", 40)
+    out = tmp_path / "out"
+    with serve(Replay(500, '{"error": "down"}').app()) as base:
+        policy = f"{base}/route#timeout=1s&fallback=prfaas-static"
+        argv = ["scorecard", "--policy", policy, "--scenarios", str(burst), "--seeds", "1",
+                "--no-cache", "--out", str(out)]  # fmt: skip
+        rc = main(argv)
+        printed = capsys.readouterr().out
+        assert rc == 1, printed
+        # with no bound, the same runs are judged (and exit 0)
+        assert main([*argv, "--min-policy-share", "0", "--out", str(tmp_path / "any")]) == 0
+        assert "not judged" not in capsys.readouterr().out
+    POLICIES.forget_plugins()
+    data = json.loads((out / "scorecard.json").read_text())
+    (sc,) = data["scenarios"]
+    n = sc["policy_share"]["fallback"]
+    assert n > 0 and sc["policy_share"]["policy"] == 0 and sc["policy_share"]["min"] == 0.99
+    assert sc["policy_share"]["reasons"] == {"status": n} and sc["judged"] is False
+    assert {c["verdict"] for c in sc["against"].values()} == {"not judged"}
+    assert f"burst: not judged (100% by the fallback: status {n})" in printed
+    short = base + "/route"  # the URL's short label, its fragment's settings stripped
+    for other in ("prfaas", "hindsight-best"):
+        line = (f"overall {short} vs {other}: 0 wins, 0 ties, 0 losses, 1 not judged (the "
+                "fallback decided more than 1% of the routes) over 1 scenarios")  # fmt: skip
+        assert line in printed, printed
+    assert data["overall"]["prfaas"]["not_judged"] == 1
+    md = (out / "scorecard.md").read_text()
+    assert "#timeout" not in md and f"# Scorecard: {short}" in md
+    assert f"**not judged (100% by the fallback: status {n})**" in md
 
 
 def test_mean_over_seeds_keeps_the_worst_verdict() -> None:

@@ -56,7 +56,7 @@ class Request:
 @dataclass(frozen=True)
 class Link:
     bandwidth_bps: float | None = None
-    in_flight_bytes: float = 0.0
+    in_flight_bytes: float | None = None
     delivered_bps: float | None = None
     rtt_s: float | None = None
     scarce: bool = False

@@ -12,6 +12,7 @@ streams tokens back and records every request's lifecycle.
 - follow:   /events, the scheduler's event stream
 - intake:   request bodies, ids and token sinks shared by the endpoints
 - errors:   how a request or an attempt fails
+- lag:      how late the event loop wakes (a policy deadline is no sharper), for /stats
 """
 
 from __future__ import annotations

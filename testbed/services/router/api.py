@@ -5,7 +5,8 @@
 services.router.openai), `GET /history` (every record), `GET /records` (records as they end:
 services.router.recorded), `GET /stats` (load, policy inputs,
 scheduler state), `GET /events` (the scheduler's event stream: services.router.follow),
-`GET /metrics` (Prometheus: metrics.prometheus), `GET /health`.
+`GET /metrics` (Prometheus: metrics.prometheus), `GET /health`. /stats's `decisions` gives the
+fallback's name and the event loop's lag (services.router.lag), for the run's summary.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from testbed.services.router.intake import (
     read_body,
     token_sink,
 )
+from testbed.services.router.lag import LoopLag
 from testbed.services.router.openai import (
     MAX_INPUT_TOKENS,
     MAX_OUTPUT_TOKENS,
@@ -44,6 +46,7 @@ from testbed.services.validate import health, json_errors
 __all__ = ["create_app"]
 
 TASKS = web.AppKey("tasks", list[asyncio.Task[None]])
+LAG = web.AppKey("lag", LoopLag)
 
 
 async def _generate(request: web.Request) -> web.StreamResponse:
@@ -84,6 +87,10 @@ async def _stats(request: web.Request) -> web.Response:
             "bandwidth_estimate_gbps": sched.bandwidth_estimate_gbps,
             "events_seq": sched.seq,
             "prefix_cache": None if state.cache is None else state.cache.stats(),
+            "decisions": {  # the runner puts this in the history at the end (summary.decisions)
+                "fallback": state.decider.fallback_name,
+                "loop_lag_ms": request.app[LAG].to_json(),
+            },
             "instances": [
                 {
                     "id": i.id,
@@ -137,6 +144,7 @@ async def create_app(
     app = web.Application(client_max_size=1 << 20, middlewares=[json_errors])
     app[STATE] = state
     app[FOLLOWERS] = set[Follower]()
+    app[LAG] = LoopLag()
     app.router.add_post("/generate", _generate)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
@@ -152,7 +160,7 @@ async def create_app(
     async def _startup(_app: web.Application) -> None:
         await state.open()
         loop = asyncio.get_running_loop()
-        tasks = [loop.create_task(state.watch_health())]
+        tasks = [loop.create_task(state.watch_health()), loop.create_task(app[LAG].run())]
         if state.control is not None:
             tasks.append(loop.create_task(state.control.run_short_term()))
             if state.control.long is not None:

@@ -1,0 +1,155 @@
+"""policy_share: the policy under test decided (almost) every routing decision itself.
+
+An outside policy (a plugin or an HTTP service) that fails a decision is replaced by its
+fallback for that request (testbed.policy.decider): the run goes on, nothing is lost, and every
+figure of the run is then partly the fallback's. A verdict on the policy is only worth what the
+policy decided, so this check fails the run when the share of decisions the policy made is under
+`min` (default 0.99), naming the share, the counts and the fallbacks by kind (the reason up to
+its first ':'). `testbed run` adds it by default for outside policies (testbed.scenario.plan);
+a built-in policy has no fallback, so the check would only say 100%.
+
+Counted: records with `decided_by` set (a request never routed has none), as `policy` or
+`fallback`. Left out: decisions asked while a `scheduler-*` fault was in force, from its start
+to its end plus the time the end action took (a restart waits for the service to answer again):
+those faults exist to make the fallback decide (the `fallback` checker judges them). A record's
+arrival stands for the time its decision was asked: it is asked on arrival, and a re-route after
+a failed attempt comes within seconds of it. Vacuous when no decision is left to judge.
+
+The scorecard (testbed.metrics.scorecard) reads each run's share with `policy_share` too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import Field
+
+from testbed.checkers.base import CheckerConfig, CheckInput, checker
+from testbed.checkers.history import fault_windows
+from testbed.checkers.result import CheckResult, vacuous
+from testbed.metrics.records import HistoryEvent, RequestRecord
+from testbed.nemesis import ACTIONS
+
+__all__ = [
+    "DEFAULT_MIN_SHARE",
+    "PolicyShareCheck",
+    "Share",
+    "policy_share",
+    "reasons_text",
+    "scheduler_fault_windows",
+]
+
+DEFAULT_MIN_SHARE = 0.99
+"""The share of decisions the policy under test must make itself, by default (the checker's
+`min`, the scorecard's `--min-policy-share`)."""
+
+
+class PolicyShareCheck(CheckerConfig):
+    check: Literal["policy_share"] = "policy_share"
+    min: float = Field(
+        DEFAULT_MIN_SHARE,
+        ge=0,
+        le=1,
+        description="the least share of decisions the policy must make itself (not its fallback)",
+    )
+
+
+@dataclass(frozen=True)
+class Share:
+    """Who decided a run's routes, scheduler fault windows left out."""
+
+    policy: int = 0
+    fallback: int = 0
+    reasons: Mapping[str, int] = field(default_factory=dict)
+    """Fallbacks by kind (the reason up to its first ':')."""
+    left_out: int = 0
+    """Decisions asked during a scheduler-* fault (not counted above)."""
+
+    @property
+    def decided(self) -> int:
+        return self.policy + self.fallback
+
+    @property
+    def share(self) -> float | None:
+        """The policy's share of the decisions; None when none is left to judge."""
+        return self.policy / self.decided if self.decided else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "fallback": self.fallback,
+            "reasons": dict(self.reasons),
+            "left_out": self.left_out,
+            "share": self.share,
+        }
+
+    @classmethod
+    def total(cls, shares: Sequence[Mapping[str, Any]]) -> Share:
+        """The sum of several runs' shares (`to_json` dicts), as one run's over all seeds."""
+        reasons: Counter[str] = Counter()
+        for s in shares:
+            reasons.update(s.get("reasons") or {})
+        return cls(
+            sum(int(s.get("policy", 0)) for s in shares),
+            sum(int(s.get("fallback", 0)) for s in shares),
+            dict(sorted(reasons.items())),
+            sum(int(s.get("left_out", 0)) for s in shares),
+        )
+
+
+def scheduler_fault_windows(history: Sequence[HistoryEvent]) -> list[tuple[float, float]]:
+    """(start, end) of every applied `scheduler-*` fault, the end pushed back by the time its
+    end action took (`took_s`: a restarted service is back only once it answers)."""
+    took = {
+        (e.data.get("action"), e.t): float(e.data.get("took_s") or 0.0)
+        for e in history
+        if e.kind == "fault" and e.data.get("phase") == "end"
+    }
+    out = []
+    for action in ACTIONS:
+        if action.startswith("scheduler-"):
+            for start, end, _ in fault_windows(history, action):
+                out.append((start, end if math.isinf(end) else end + took.get((action, end), 0.0)))
+    return out
+
+
+def policy_share(records: Sequence[RequestRecord], history: Sequence[HistoryEvent]) -> Share:
+    """Who decided the routes of `records`, decisions during scheduler faults left out."""
+    windows = scheduler_fault_windows(history)
+    by: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    left_out = 0
+    for r in records:
+        if r.decided_by is None:
+            continue
+        if any(lo <= r.arrival < hi for lo, hi in windows):
+            left_out += 1
+            continue
+        by[r.decided_by] += 1
+        if r.decided_by == "fallback":
+            reasons[(r.fallback_reason or "error").split(":", 1)[0].strip()] += 1
+    return Share(by["policy"], by["fallback"], dict(sorted(reasons.items())), left_out)
+
+
+def reasons_text(reasons: Mapping[str, int]) -> str:
+    """The fallbacks by kind, the most frequent first: "status 548, timeout 3"."""
+    ranked = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{k} {v}" for k, v in ranked) or "none"
+
+
+@checker(PolicyShareCheck)
+def check_policy_share(cfg: PolicyShareCheck, run: CheckInput) -> CheckResult:
+    s = policy_share(run.records, run.history)
+    name = "policy_share"
+    out = f"; {s.left_out} asked during scheduler faults left out" if s.left_out else ""
+    if s.share is None:
+        return vacuous(name, f"no routing decision to judge{out}")
+    detail = (
+        f"the policy decided {s.policy} of {s.decided} ({s.share:.1%}, at least {cfg.min:.1%}); "
+        f"by the fallback {s.fallback} ({reasons_text(s.reasons)}){out}"
+    )
+    return CheckResult(name, s.share >= cfg.min, detail)
