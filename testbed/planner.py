@@ -24,6 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from testbed.config import DeploymentConfig, PlannerConfig, SloConfig, WorkloadConfig
+from testbed.config.limits import MAX_THRESHOLDS, FieldError
 from testbed.profiles import HARDWARE, MODELS, ModelProfile
 from testbed.workload.build import length_distribution
 from testbed.workload.lengths import LengthDistribution
@@ -55,13 +56,26 @@ class Planned(Protocol):
 
 
 def plan_inputs(scenario: Planned) -> PlanInputs:
-    """A scenario's workload shape and SLO as the model's inputs."""
-    return PlanInputs(
+    """A scenario's workload shape and SLO as the model's inputs; a threshold grid larger than
+    MAX_THRESHOLDS is refused here, when the scenario is planned (a trace's lengths are known
+    only once it is read), naming the field to change."""
+    inputs = PlanInputs(
         lengths=length_distribution(scenario.workload.lengths),
         output_tokens=scenario.workload.output_tokens,
         tpot_slo_s=scenario.slo.tpot,
         threshold_step=scenario.planner.threshold_step,
     )
+    n = _grid_size(inputs.lengths, inputs.threshold_step)
+    if n > MAX_THRESHOLDS:
+        lo, hi = inputs.lengths.bounds
+        least = math.ceil((hi - lo) / (MAX_THRESHOLDS - 2))
+        raise FieldError(
+            "planner.threshold_step",
+            f"{inputs.threshold_step:g} tokens over the prompt lengths {lo:g} to {hi:g} "
+            f"(workload.lengths) makes {n:,.0f} thresholds to search, above the planner's "
+            f"{MAX_THRESHOLDS:,}: raise it to at least {least:,} tokens",
+        )
+    return inputs
 
 
 @dataclass(frozen=True)
@@ -131,12 +145,14 @@ def stage_throughputs(
 ) -> tuple[float, float, float, float]:
     """(Theta_prfaas, Theta_pdp, Theta_pdd, Lambda_max) of Eqs. 3-6 for one operating point."""
     if n_prfaas > 0 and prfaas_hw is not None and p > 0:
-        compute = n_prfaas / model.prefill_time(prfaas_hw, l_long)
-        network = link_bytes_per_s / model.kv_bytes(l_long)
+        compute = _per(n_prfaas, model.prefill_time(prfaas_hw, l_long))
+        network = _per(link_bytes_per_s, model.kv_bytes(l_long))
         theta_prfaas = min(compute, network)
     else:
         theta_prfaas = 0.0
-    theta_pdp = n_prefill / model.prefill_time(local_hw, l_short) if p < 1 and n_prefill else 0.0
+    theta_pdp = (
+        _per(n_prefill, model.prefill_time(local_hw, l_short)) if p < 1 and n_prefill else 0.0
+    )
     decode = model.decode[local_hw]
     bs_max = decode.bs_max(tpot_slo_s)
     t_decode = decode.step_time(bs_max)
@@ -149,8 +165,29 @@ def stage_throughputs(
     return theta_prfaas, theta_pdp, theta_pdd, lam
 
 
-def _threshold_grid(lengths: LengthDistribution, step: float) -> np.ndarray:
+def _per(amount: float, cost: float) -> float:
+    """amount / cost, a rate: infinite when the cost is none (a profile whose prefill time or
+    KV size extrapolates to zero at a short length), never a ZeroDivisionError."""
+    return amount / cost if cost > 0 else math.inf
+
+
+def _grid_size(lengths: LengthDistribution, step: float) -> float:
+    """Thresholds `_threshold_grid` has at `step`, counted without building it (inf for a
+    step so small that the count overflows)."""
     lo, hi = lengths.bounds
+    first = lo / step
+    if not math.isfinite(first) or not math.isfinite(hi / step):
+        return math.inf
+    return math.floor((hi + step - math.floor(first) * step) / step) + 1
+
+
+def _threshold_grid(lengths: LengthDistribution, step: float) -> np.ndarray:
+    """Thresholds every `step` tokens over the lengths' range. A re-plan over lengths observed
+    at run time (the long-term loop) wider than MAX_THRESHOLDS steps uses a coarser step rather
+    than allocate without bound: the scenario's own range was checked by `plan_inputs`."""
+    lo, hi = lengths.bounds
+    while _grid_size(lengths, step) > MAX_THRESHOLDS:
+        step *= 2
     grid = np.arange(math.floor(lo / step) * step, hi + step, step)
     return np.unique(np.clip(grid, lo, hi))
 
@@ -230,15 +267,14 @@ def plan_deployment(
             row = theta_pdd.copy()
             if p > 0:
                 if n_prfaas_total > 0 and prfaas_hw is not None:
-                    compute = n_prfaas_total / model.prefill_time(prfaas_hw, l_long)
-                    theta_prfaas = min(compute, link / model.kv_bytes(l_long))
+                    compute = _per(n_prfaas_total, model.prefill_time(prfaas_hw, l_long))
+                    theta_prfaas = min(compute, _per(link, model.kv_bytes(l_long)))
                 else:
                     theta_prfaas = 0.0
                 np.minimum(row, theta_prfaas / p, out=row)
             if p < 1:
-                theta_pdp = np.where(
-                    n_p > 0, n_p / model.prefill_time(deployment.local.hardware, l_short), 0.0
-                )
+                cost = model.prefill_time(deployment.local.hardware, l_short)
+                theta_pdp = n_p / cost if cost > 0 else np.where(n_p > 0, math.inf, 0.0)
                 np.minimum(row, theta_pdp / (1 - p), out=row)
             lam[k] = row
         flat = lam.ravel()
@@ -277,8 +313,8 @@ def plan_deployment(
             p > 0
             and n_prfaas_total > 0
             and prfaas_hw is not None
-            and link / model.kv_bytes(l_long)
-            < n_prfaas_total / model.prefill_time(prfaas_hw, l_long)
+            and _per(link, model.kv_bytes(l_long))
+            < _per(n_prfaas_total, model.prefill_time(prfaas_hw, l_long))
         )
         bottleneck = min(stage_rates, key=lambda k: stage_rates[k])
         if link_bound and stage_rates["prfaas"] <= lam * (1 + LINK_TIE):
@@ -303,7 +339,7 @@ def plan_deployment(
             t_decode_s=t_decode,
             bottleneck=bottleneck,
             link_utilisation=egress / link_gbps if link_gbps else 0.0,
-            link_max_rps=link / (p * model.kv_bytes(l_long)) if p > 0 and link_gbps else None,
+            link_max_rps=_per(link, p * model.kv_bytes(l_long)) if p > 0 and link_gbps else None,
         )
         best = (key, plan)
     assert best is not None

@@ -552,6 +552,8 @@ FLAGS: dict[str, Tests] = {
         "tests/cli/test_cli_plan.py::test_plan_json_has_every_deployment",
         "tests/cli/test_cli_plan.py::test_plan_table_is_readable",
     ),
+    "testbed plan --max-requests": "tests/config/test_limits.py::test_max_requests_flag_of_run_and_plan",
+    "testbed run --max-requests": "tests/config/test_limits.py::test_max_requests_flag_of_run_and_plan",
     "testbed run --substrate": (
         RUN_FLAGS,
         "tests/cli/test_cli_package.py::test_run_offers_the_substrates_make_substrate_knows",

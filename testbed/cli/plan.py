@@ -6,8 +6,11 @@ import argparse
 import json
 from typing import Any
 
+from testbed.cli.run import add_max_requests
+from testbed.config.limits import FieldError
 from testbed.planner import StagePlan, plan_deployment, plan_inputs
 from testbed.scenario.library import resolve_scenario
+from testbed.scenario.limits import check_request_count
 from testbed.scenario.schema import Scenario, load_scenario
 from testbed.units import UnitError, format_tokens, parse_tokens
 
@@ -20,6 +23,25 @@ def plan_scenario(scenario: Scenario, threshold: float | None = None) -> dict[st
         name: plan_deployment(name, dep, inputs, threshold_tokens=threshold)
         for name, dep in scenario.deployments.items()
     }
+
+
+def check_plans(
+    scenario: Scenario, plans: dict[str, StagePlan], max_requests: int | None = None
+) -> None:
+    """The request-count limits a run of each deployment would meet (prepare_run checks the
+    same), so `testbed plan` refuses what `testbed run` would. A shift at `load` is counted at
+    the base rate (its own lambda_max is planned by the run)."""
+    arrivals = scenario.workload.arrivals
+    shift = scenario.workload.shift
+    for plan in plans.values():
+        if arrivals.rate is not None:
+            rate: float | None = arrivals.rate
+        elif arrivals.load is not None:
+            rate = arrivals.load * plan.lambda_max_rps
+        else:
+            rate = None
+        shift_rate = shift.rate if shift is not None else None
+        check_request_count(scenario, rate, shift_rate, scenario.duration, max_requests)
 
 
 def render_table(plans: dict[str, StagePlan]) -> str:
@@ -86,8 +108,13 @@ def render_table(plans: dict[str, StagePlan]) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    scenario = load_scenario(resolve_scenario(args.scenario))
-    plans = plan_scenario(scenario, args.threshold)
+    path = resolve_scenario(args.scenario)
+    scenario = load_scenario(path)
+    try:
+        plans = plan_scenario(scenario, args.threshold)
+        check_plans(scenario, plans, args.max_requests)
+    except FieldError as exc:
+        raise exc.at(str(path)) from None
     if args.json:
         doc: dict[str, Any] = {
             "scenario": scenario.name,
@@ -127,4 +154,5 @@ def add_parser(sub: Any) -> None:
         help='fix the threshold t (e.g. "19.5K") instead of searching it: what a fixed-threshold '
         "policy such as prfaas-static runs; the PD split is still searched",
     )
+    add_max_requests(p)
     p.set_defaults(func=_run)

@@ -14,6 +14,7 @@ from typing import Any
 
 from testbed.cli.progress import ProgressDisplay
 from testbed.clock import LiveClock
+from testbed.config.limits import DEFAULT_MAX_REQUESTS
 from testbed.errors import UserError
 from testbed.metrics.bench import DEFAULT_PERCENTILES, parse_percentiles
 from testbed.metrics.summary import to_text
@@ -59,6 +60,28 @@ def add_percentiles(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return v
+
+
+def add_max_requests(p: argparse.ArgumentParser) -> None:
+    """`--max-requests N` (run and plan): the cap on the requests a run plans, raised or
+    lowered for those who mean it (docs/failures.md, "Limits")."""
+    p.add_argument(
+        "--max-requests",
+        type=_count,
+        metavar="N",
+        help=f"the most requests the run may plan (default {DEFAULT_MAX_REQUESTS:,}; a "
+        "scenario that plans more is refused before anything is allocated)",
+    )
+
+
 def _setting(text: str) -> tuple[str, str]:
     try:
         return parse_setting(text)
@@ -101,6 +124,8 @@ def _run(args: argparse.Namespace) -> int:
         shaper=args.shaper,
         seed=args.seed,
         percentiles=args.percentiles,
+        max_requests=args.max_requests,
+        source=str(path),
     )
     rp = prepare_run(scenario, opts)
     if opts.substrate == "sim":
@@ -201,6 +226,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", metavar="DIR", help="results directory (default: results/NAME)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_percentiles(p)
+    add_max_requests(p)
     p.set_defaults(func=_run)
     s = sub.add_parser("scenarios", help="list the scenario library")
     s.set_defaults(func=_list)

@@ -19,6 +19,7 @@ from pydantic import (
     ValidationInfo,
 )
 
+from testbed.config.limits import MAX_TOKENS
 from testbed.units import parse_bandwidth, parse_duration, parse_size, parse_tokens
 
 __all__ = [
@@ -38,6 +39,12 @@ __all__ = [
 def _positive(v: float) -> float:
     if v <= 0:
         raise ValueError("must be greater than zero")
+    return v
+
+
+def _token_count(v: float) -> float:
+    if not 0 < v <= MAX_TOKENS:
+        raise ValueError(f"must be above 0 and at most {MAX_TOKENS:,} tokens, got {v:g}")
     return v
 
 
@@ -94,8 +101,9 @@ Bandwidth = Annotated[float, _BANDWIDTH, AfterValidator(_positive)]
 Size = Annotated[float, _SIZE, AfterValidator(_non_negative)]
 Duration = Annotated[float, _DURATION, AfterValidator(_non_negative)]
 PositiveDuration = Annotated[float, _DURATION, AfterValidator(_positive)]
-Tokens = Annotated[float, BeforeValidator(parse_tokens), AfterValidator(_positive)]
-"""Token counts may stay bare ("1024") or use K/M: a token is its own unit."""
+Tokens = Annotated[float, BeforeValidator(parse_tokens), AfterValidator(_token_count)]
+"""Token counts may stay bare ("1024") or use K/M: a token is its own unit. At most
+MAX_TOKENS (testbed.config.limits)."""
 
 
 class StrictModel(BaseModel):

@@ -13,6 +13,7 @@ from pydantic import (
 )
 
 from testbed.config.base import Bandwidth, Duration, Size, StrictModel
+from testbed.config.limits import BYTE_SCALE, TIME_SCALE, within
 from testbed.profiles import HARDWARE, MODELS
 from testbed.units import parse_bandwidth
 
@@ -47,12 +48,16 @@ class ScaleConfig(StrictModel):
     byte_scale, so emulated link bandwidth is real bandwidth x time_scale / byte_scale.
     """
 
-    time_scale: float = Field(1.0, gt=0)
+    time_scale: Annotated[
+        float, within(*TIME_SCALE, "x real time", "library scenarios: 10, 20")
+    ] = 1.0
     """A number, or `auto` in a file (engine: torch only): the largest time_scale this host's
     calibrated compute keeps up with, resolved by scenario.plan.prepare_run before anything
     starts. Until then the field holds a placeholder and `auto` says so; it is stored as a
     float so everything downstream of planning reads one type."""
-    byte_scale: float = Field(1.0, gt=0)
+    byte_scale: Annotated[
+        float, within(*BYTE_SCALE, "(KV bytes divided by it)", "library scenarios: 1000")
+    ] = 1.0
     _auto: bool = PrivateAttr(False)
 
     @model_validator(mode="wrap")

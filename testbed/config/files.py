@@ -17,7 +17,25 @@ MAX_YAML_BYTES = 16 << 20
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that refuses a key given twice in one mapping: plain YAML keeps the last one,
-    so `policy:` written twice would silently drop the first (a no-op setting by another name)."""
+    so `policy:` written twice would silently drop the first (a no-op setting by another name).
+
+    It also marks a value its tag cannot read: PyYAML's constructors raise a bare ValueError for
+    `!!int 12abc` or `!!float 1x` (int() and float() of the text), a KeyError for `!!bool 13`,
+    an AttributeError for `!!timestamp x`, none of which a YAMLError handler catches; here each
+    becomes a ConstructorError at the value's line."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, OverflowError, KeyError, IndexError, AttributeError) as exc:
+            # `!!bool 13` is a KeyError, `!!timestamp x` an AttributeError: the constructors
+            # index and match the text without checking it
+            text = node.value if isinstance(node, yaml.ScalarNode) else type(node).__name__
+            shown = text if len(text) <= 40 else text[:37] + "..."
+            tag = node.tag.replace("tag:yaml.org,2002:", "!!")
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{tag} cannot read {shown!r} ({exc})", node.start_mark
+            ) from None
 
 
 def _mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -26,11 +44,14 @@ def _mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]
         key = loader.construct_object(key_node)
         try:
             duplicate = key in seen
-        except TypeError:  # an unhashable key: the constructor below reports it
-            duplicate = False
-        if duplicate:
+        except TypeError:  # a list or a mapping as a key: not a field name, whatever it says
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
+                None, None, f"a key must be a name, not a {key_node.id}", key_node.start_mark
+            ) from None
+        if duplicate:
+            shown = repr(key) if len(repr(key)) <= 40 else repr(key)[:37] + "..."
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {shown}", key_node.start_mark
             )
         seen.add(key)
     return loader.construct_mapping(node)

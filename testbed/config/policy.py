@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from testbed.config.base import Duration, PositiveDuration, StrictModel, Tokens
+from testbed.config.limits import DECODE_TOKENS_PER_S, within
 
 __all__ = [
     "LongTermConfig",
@@ -21,7 +22,9 @@ __all__ = [
 class SloConfig(StrictModel):
     """Service-level objectives; decode speed sets T_decode and BS_max in the planner."""
 
-    decode_tokens_per_s: float = Field(40.0, gt=0)
+    decode_tokens_per_s: Annotated[
+        float, within(*DECODE_TOKENS_PER_S, "tokens/s", "the paper's SLO is 40")
+    ] = 40.0
     ttft: PositiveDuration = 10.0
     e2e: PositiveDuration | None = None
     """Goodput also needs E2E (arrival to last token) within this bound; None: no E2E bound."""

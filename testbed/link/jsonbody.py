@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from testbed.link.errors import show
 
-__all__ = ["MAX_DEPTH", "JsonBodyError", "decode"]
+__all__ = ["MAX_DEPTH", "JsonBodyError", "decode", "lone_surrogate"]
 
 # Deepest nesting a request may have. Toxiproxy's bodies go 4 deep (a schedule's steps inside a
 # toxic's attributes); anything much deeper is not an API call.
@@ -66,6 +67,28 @@ def _depth_ok(value: Any) -> bool:
     return True
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+"""A `\\uD800`-`\\uDFFF` escape: the only way a lone surrogate gets into parsed JSON (a UTF-8
+or UTF-16 decoder refuses one written out as bytes)."""
+
+
+def lone_surrogate(value: Any, text: str | None = None) -> bool:
+    """True if a string of `value` (parsed JSON: keys too) holds a lone UTF-16 surrogate.
+
+    json.loads turns `"\\ud800"` into a str that is not Unicode text: it cannot be encoded,
+    so the first log line, response or metric that writes it fails (a 500, then every later
+    `GET /metrics` of the link emulator). Refused where JSON is read, for every server.
+    `text`, the body as decoded text, lets a body with no such escape skip the check.
+    """
+    if text is not None and _SURROGATE_ESCAPE.search(text) is None:
+        return False
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def decode(raw: bytes | str) -> Any:
     """Parse `raw` as strict JSON; raise JsonBodyError with a one-line reason."""
     try:
@@ -86,4 +109,6 @@ def decode(raw: bytes | str) -> Any:
         raise JsonBodyError(str(exc).splitlines()[0]) from None
     if not _depth_ok(value):
         raise JsonBodyError(f"JSON nested more than {MAX_DEPTH} levels deep")
+    if lone_surrogate(value):  # bodies and config files here are small: no pre-filter
+        raise JsonBodyError("a string is not valid Unicode (a lone UTF-16 surrogate)")
     return value

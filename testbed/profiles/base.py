@@ -71,8 +71,12 @@ class DecodeProfile:
         """Largest batch whose step time still meets the per-token SLO (at least 1)."""
         if self.step_per_seq_s <= 0:
             return self.max_batch
-        n = math.floor((tpot_slo_s - self.step_base_s) / self.step_per_seq_s + 1e-9)
-        return max(1, min(n, self.max_batch))
+        room = (tpot_slo_s - self.step_base_s) / self.step_per_seq_s + 1e-9
+        if not room < self.max_batch:  # a very loose SLO (or an inf/NaN quotient): the cap
+            return self.max_batch
+        if not room >= 1:  # a step slower than the SLO allows (down to -inf): one at a time
+            return 1
+        return math.floor(room)
 
 
 @dataclass(frozen=True)

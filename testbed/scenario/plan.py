@@ -18,6 +18,7 @@ from typing import Any, Literal
 from testbed.checkers import checkers_fit
 from testbed.checkers.policy_share import PolicyShareCheck
 from testbed.config import DeploymentConfig
+from testbed.config.limits import FieldError
 from testbed.engine.torch import live
 from testbed.errors import UserError
 from testbed.metrics.bench import DEFAULT_PERCENTILES
@@ -32,6 +33,7 @@ from testbed.nemesis import (
 from testbed.planner import StagePlan, plan_deployment, plan_inputs
 from testbed.policy import POLICIES, get_policy
 from testbed.policy.http import is_http_spec
+from testbed.scenario.limits import check_request_count, check_requests_made
 from testbed.scenario.schema import Scenario
 from testbed.sim import refuse_unmodelled
 from testbed.substrate.shaper import preflight_shaper
@@ -55,6 +57,11 @@ class RunOptions:
     """`testbed run --shaper`: overrides the deployment's `link.shaper` ("emulator", "tc")."""
     seed: int | None = None
     """Replaces the scenario's seed (workload, fault targets, link jitter), on every substrate."""
+    max_requests: int | None = None
+    """`--max-requests N`: the most requests the run may plan; None: DEFAULT_MAX_REQUESTS
+    (testbed.config.limits). A cap, not a cut: past it the run is refused."""
+    source: str | None = None
+    """The scenario's file, for errors found while planning (None: its name stands in)."""
 
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
     """Latency percentiles in summary.json besides p50/p90/p99 (`--percentiles`)."""
@@ -181,7 +188,16 @@ def with_defaults(scenario: Scenario, policy: str) -> Scenario:
 
 
 def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
-    """Decide the policy, deployment, threshold, PD split, arrival rate and requests."""
+    """Decide the policy, deployment, threshold, PD split, arrival rate and requests, refusing
+    a size past its limit (testbed.config.limits) before anything is allocated: the same path
+    for every substrate, so none can skip it."""
+    try:
+        return _prepare(scenario, opts)
+    except FieldError as exc:
+        raise exc.at(opts.source or f"scenario {scenario.name!r}") from None
+
+
+def _prepare(scenario: Scenario, opts: RunOptions) -> RunPlan:
     if opts.seed is not None:
         scenario = scenario.model_copy(update={"seed": opts.seed})
     policy = opts.policy or scenario.policy.name
@@ -251,6 +267,7 @@ def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
         else:
             assert shift.load is not None  # ShiftConfig requires one of them
             shift_rate = shift.load * shift_plan.lambda_max_rps
+    check_request_count(scenario, rate, shift_rate, duration, opts.max_requests)
     requests = generate_requests(
         scenario.workload,
         rate_rps=rate,
@@ -259,9 +276,8 @@ def prepare_run(scenario: Scenario, opts: RunOptions) -> RunPlan:
         trace_path=opts.trace,
         shift_rate_rps=shift_rate,
     )
+    check_requests_made(scenario, requests, rate, duration, opts.max_requests)
     requests = burst_requests(scenario, requests, rate, duration)
-    if not requests:
-        raise UserError("the workload produced no requests; raise the rate or the duration")
     calibration: dict[str, Any] | None = None
     if dep.engine == "torch":  # before any process starts: one clear line, not a crashed worker
         live.check_live_run(

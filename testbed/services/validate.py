@@ -17,6 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
+from testbed.link.jsonbody import lone_surrogate
+
 __all__ = [
     "BadRequest",
     "ErrorFactory",
@@ -42,10 +44,12 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
 
     Hostile bodies are refused here, not deep in a handler: invalid UTF-8, nesting deeper than
     the parser can recurse (RecursionError), integers longer than Python converts (ValueError),
-    and anything that is not an object.
+    a string that is not Unicode (a lone surrogate escape: it fails the first write of it, a
+    500 with a traceback), and anything that is not an object.
     """
     try:
-        body = json.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        body = json.loads(text)
     except UnicodeDecodeError:
         raise ValueError("body is not valid UTF-8") from None
     except RecursionError:
@@ -54,6 +58,12 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise ValueError("body is not valid JSON") from None
     if not isinstance(body, dict):
         raise ValueError("body must be a JSON object")
+    try:
+        bad = lone_surrogate(body, text)
+    except RecursionError:
+        raise ValueError("body is nested too deeply") from None
+    if bad:
+        raise ValueError("body has a string that is not valid Unicode (a lone UTF-16 surrogate)")
     return body
 
 
@@ -97,11 +107,16 @@ def int_field(
 
 
 def str_field(body: dict[str, Any], key: str, max_len: int) -> str:
-    """A non-empty string field of at most `max_len` UTF-8 bytes."""
+    """A non-empty string field of at most `max_len` UTF-8 bytes (a body from `json_body` has
+    no lone surrogate; one built otherwise is refused here too, never encoded into a 500)."""
     v = body.get(key)
     if not isinstance(v, str) or not v:
         raise BadRequest(f"{key} must be a non-empty string")
-    if len(v.encode("utf-8")) > max_len:
+    try:
+        size = len(v.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise BadRequest(f"{key} is not valid Unicode (a lone UTF-16 surrogate)") from None
+    if size > max_len:
         raise BadRequest(f"{key} must be at most {max_len} bytes")
     return v
 

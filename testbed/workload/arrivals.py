@@ -41,43 +41,61 @@ def _check(rate: float, duration: float) -> None:
         raise ValueError(f"duration must be a non-negative finite number, got {duration!r}")
 
 
-def _renewal(duration: float, mean_gap: float, draw: Callable[[int], np.ndarray]) -> np.ndarray:
-    """Arrival times of a renewal process: cumulative sums of gaps, cut at `duration`.
+def _renewal(
+    duration: float,
+    mean_gap: float,
+    draw: Callable[[int], np.ndarray],
+    limit: int | None = None,
+) -> np.ndarray:
+    """Arrival times of a renewal process: cumulative sums of gaps, cut at `duration` (and
+    after the first `limit`, when given).
 
     Gaps are drawn in chunks sized from the expected count (plus a margin) so a long run costs a
     few vectorised draws rather than a Python loop per request. Chunk sizes depend only on the
-    arguments, so the draws (and the result) are a pure function of the Generator's state.
+    arguments, so the draws (and the result) are a pure function of the Generator's state; a
+    `limit` draws no more than it needs (the first n of a chunk are the same values a chunk of
+    n gives), so the first `limit` arrivals are the same as without it.
     """
     expected = duration / mean_gap
     chunk = int(expected + 6.0 * math.sqrt(expected) + 16)
+    if limit is not None:
+        chunk = min(chunk, limit + 16)
     parts: list[np.ndarray] = []
     t = 0.0
-    while t < duration:
+    drawn = 0
+    while t < duration and (limit is None or drawn < limit):
         times = t + np.cumsum(draw(chunk))
         parts.append(times)
         t = float(times[-1])
+        drawn += chunk
     if not parts:
         return np.empty(0, dtype=np.float64)
     out = np.concatenate(parts)
-    return out[out < duration]
+    return out[out < duration][:limit]
 
 
-def poisson_arrivals(rng: np.random.Generator, rate: float, duration: float) -> np.ndarray:
+def poisson_arrivals(
+    rng: np.random.Generator, rate: float, duration: float, limit: int | None = None
+) -> np.ndarray:
     """Poisson process at `rate` requests/s: independent exponential gaps of mean 1/rate."""
     _check(rate, duration)
-    return _renewal(duration, 1.0 / rate, lambda n: rng.exponential(1.0 / rate, size=n))
+    return _renewal(duration, 1.0 / rate, lambda n: rng.exponential(1.0 / rate, size=n), limit)
 
 
-def uniform_arrivals(rate: float, duration: float) -> np.ndarray:
+def uniform_arrivals(rate: float, duration: float, limit: int | None = None) -> np.ndarray:
     """Evenly spaced arrivals at 0, 1/rate, 2/rate, ... (the paper's assumption; no randomness)."""
     _check(rate, duration)
     n = math.ceil(duration * rate)
-    out = np.arange(n, dtype=np.float64) / rate
+    out = np.arange(n if limit is None else min(n, limit), dtype=np.float64) / rate
     return out[out < duration]
 
 
 def gamma_arrivals(
-    rng: np.random.Generator, rate: float, duration: float, burstiness: float
+    rng: np.random.Generator,
+    rate: float,
+    duration: float,
+    burstiness: float,
+    limit: int | None = None,
 ) -> np.ndarray:
     """Renewal process with gamma gaps: mean 1/rate, squared coefficient of variation `burstiness`.
 
@@ -89,7 +107,7 @@ def gamma_arrivals(
     if not burstiness > 0 or not math.isfinite(burstiness):
         raise ValueError(f"burstiness must be a positive finite number, got {burstiness!r}")
     shape, scale = 1.0 / burstiness, burstiness / rate
-    return _renewal(duration, 1.0 / rate, lambda n: rng.gamma(shape, scale, size=n))
+    return _renewal(duration, 1.0 / rate, lambda n: rng.gamma(shape, scale, size=n), limit)
 
 
 def onoff_windows(duration: float, on: float, off: float) -> list[tuple[float, float]]:
@@ -107,7 +125,12 @@ def onoff_windows(duration: float, on: float, off: float) -> list[tuple[float, f
 
 
 def onoff_arrivals(
-    rng: np.random.Generator, rate: float, duration: float, on: float, off: float
+    rng: np.random.Generator,
+    rate: float,
+    duration: float,
+    on: float,
+    off: float,
+    limit: int | None = None,
 ) -> np.ndarray:
     """Poisson bursts during ON windows only, at rate x (on + off) / on so the mean is `rate`.
 
@@ -121,25 +144,31 @@ def onoff_arrivals(
     if on_time <= 0:
         return np.empty(0, dtype=np.float64)
     on_rate = rate * (on + off) / on
-    u = poisson_arrivals(rng, on_rate, on_time)
+    u = poisson_arrivals(rng, on_rate, on_time, limit)
     k = np.floor(u / on)
     out = k * (on + off) + (u - k * on)
     return out[out < duration]
 
 
 def arrival_times(
-    cfg: ArrivalsConfig, *, rate: float, duration: float, rng: np.random.Generator
+    cfg: ArrivalsConfig,
+    *,
+    rate: float,
+    duration: float,
+    rng: np.random.Generator,
+    limit: int | None = None,
 ) -> np.ndarray:
-    """Arrival times for an `ArrivalsConfig` at an explicit rate (the caller resolves `load`).
+    """Arrival times for an `ArrivalsConfig` at an explicit rate (the caller resolves `load`),
+    the first `limit` of them when given (drawing no more: `workload.max_requests`).
 
     `process: trace` has no synthetic arrivals; replaying a trace is `generate.generate_requests`.
     """
     if cfg.process == "poisson":
-        return poisson_arrivals(rng, rate, duration)
+        return poisson_arrivals(rng, rate, duration, limit)
     if cfg.process == "uniform":
-        return uniform_arrivals(rate, duration)
+        return uniform_arrivals(rate, duration, limit)
     if cfg.process == "gamma":
-        return gamma_arrivals(rng, rate, duration, cfg.burstiness)
+        return gamma_arrivals(rng, rate, duration, cfg.burstiness, limit)
     if cfg.process == "onoff":
-        return onoff_arrivals(rng, rate, duration, cfg.on_duration, cfg.off_duration)
+        return onoff_arrivals(rng, rate, duration, cfg.on_duration, cfg.off_duration, limit)
     raise ValueError(f"arrival process {cfg.process!r} has no synthetic arrival times")

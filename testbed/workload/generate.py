@@ -112,6 +112,7 @@ def generate_requests(
     path = _trace_path(workload, trace_path)
     trace = read_trace(Path(path)) if path is not None else None
 
+    cap = workload.max_requests  # drawn no further than needed: the limits count on it
     if process == "trace":
         if trace is None:
             raise ConfigError(
@@ -126,6 +127,7 @@ def generate_requests(
             rate=rate_rps,
             duration=duration_s,
             rng=np.random.default_rng(arrivals_ss),
+            limit=cap,
         )
         if trace is not None:
             specs = [
@@ -148,6 +150,7 @@ def generate_requests(
                     rate=shift_rate_rps,
                     duration=duration_s - shift.at,
                     rng=np.random.default_rng(shift_arrivals_ss),
+                    limit=None if cap is None else max(cap - len(times), 0),
                 )
                 later_lengths = length_distribution(shift.lengths).sample(
                     np.random.default_rng(shift_lengths_ss), len(later)

@@ -44,6 +44,14 @@ class TruncatedLognormal:
     lo: float
     hi: float
 
+    def __post_init__(self) -> None:
+        # The config bounds mu and sigma and checks the window's mass (LognormalLengths); a
+        # distribution built in code gets the same refusal, not a ZeroDivisionError later.
+        if not (self.sigma > 0 and 0 < self.lo < self.hi and math.isfinite(self.hi)):
+            raise ValueError(f"a truncated log-normal needs sigma > 0 and 0 < lo < hi: {self}")
+        if not self._mass > 0 or not math.isfinite(self.mean()):
+            raise ValueError(f"[{self.lo:g}, {self.hi:g}] holds none of the log-normal: {self}")
+
     def _cdf(self, x: float) -> float:
         return _phi((math.log(x) - self.mu) / self.sigma)
 
@@ -155,6 +163,8 @@ def _norm_ppf(u: np.ndarray) -> np.ndarray:
     d = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e00,
          3.754408661907416e00)  # fmt: skip
     u = np.clip(np.asarray(u, dtype=float), 1e-300, 1 - 1e-16)
+    if u.size == 0:  # no request drawn (np.vectorize refuses size-0 input)
+        return u
     x = np.empty_like(u)
     lo, hi = u < 0.02425, u > 1 - 0.02425
     mid = ~(lo | hi)
