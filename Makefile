@@ -97,3 +97,9 @@ images: $(STAMP)
 
 down: $(STAMP)
 	$(BIN)/python -m testbed.substrate.compose down
+
+# The generated references (docs/reference/: the scenario file's fields, the command line), written
+# from the code; tests/devtools/test_docgen.py fails when they are stale.
+.PHONY: docs
+docs: $(STAMP)
+	$(BIN)/python -m testbed.cli.docgen
