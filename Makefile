@@ -21,7 +21,7 @@ help:
 	@echo "make images              build the compose substrate's images (cached;"
 	@echo "                         PROMETHEUS=1 adds the Prometheus server image)"
 	@echo "make down                remove every container/network/volume compose runs made"
-	@echo "make chaos               short versions of every scenario with faults (pytest -m 'chaos and not model')"
+	@echo "make chaos               short versions of every scenario with faults (pytest -m 'chaos and not model and not routers')"
 	@echo "make lint                ruff + mypy + the import-layer check (what CI runs too)"
 	@echo "make bench               run the bench/ scripts and print their figures"
 	@echo "make aiperf              NVIDIA AIPerf (own .venv-aiperf) against testbed up, vs our records"
@@ -44,17 +44,18 @@ $(MODEL_STAMP): $(STAMP)
 
 # The suite also runs `testbed sweep --ray` on a local Ray head (marker `ray`): the ray extra.
 $(TEST_STAMP): $(MODEL_STAMP)
-	$(BIN)/python -m pip install -q -e '.[dev,compose,model,ray]'
+	$(BIN)/python -m pip install -q -e '.[dev,compose,model,ray,routers]'
 	@touch $(TEST_STAMP)
 
+# --durations=10: every run names its ten slowest tests (the suite's budget: docs/tests.md).
 test: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=10
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not chaos and not compose and not model and not ray"
 
 chaos: $(STAMP)
-	$(BIN)/python -m pytest -q -m "chaos and not model"
+	$(BIN)/python -m pytest -q -m "chaos and not model and not routers" --durations=10
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

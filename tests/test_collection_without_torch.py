@@ -36,7 +36,7 @@ def _pytest(*args: str) -> subprocess.CompletedProcess[str]:
     "markexpr",
     [
         "not slow and not chaos and not compose and not model and not ray",
-        "chaos and not model",
+        "chaos and not model and not routers",
         "not model",  # ../shared/tools/collect-without-torch: everything but the tiny model
     ],
 )

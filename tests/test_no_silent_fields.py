@@ -119,6 +119,31 @@ FIELDS: dict[str, Tests] = {
     "Scenario.policy": PREP + "test_policy_name_and_threshold",
     "Scenario.planner": PREP + "test_threshold_step_is_the_planners_grid",
     "Scenario.nemesis": PREP + "test_nemesis_entries_are_planned",
+    # an external router in front of the fleet (issue #32; docs/real-routers.md)
+    "Scenario.router": (
+        "tests/scenario/test_external_router.py::test_the_scenarios_router_section_is_read",
+        "tests/chaos/test_external_router.py::test_sglang_gateway_routes_the_fleet_through_a_prefill_kill",
+    ),
+    "ExternalRouterConfig.kind": "tests/scenario/test_external_router.py::test_the_scenarios_router_section_is_read",
+    "ExternalRouterConfig.preset": "tests/scenario/test_external_router.py::test_the_preset_keeps_the_router_on_loopback_with_its_policy_and_flags",
+    "ExternalRouterConfig.policy": (
+        "tests/scenario/test_external_router.py::test_the_preset_keeps_the_router_on_loopback_with_its_policy_and_flags",
+        "tests/scenario/test_external_router.py::test_a_policy_the_router_has_not_is_refused",
+    ),
+    "ExternalRouterConfig.flags": "tests/scenario/test_external_router.py::test_the_preset_keeps_the_router_on_loopback_with_its_policy_and_flags",
+    "ExternalRouterConfig.python": (
+        "tests/scenario/test_external_router.py::test_a_missing_router_says_which_extra_to_install",
+        "tests/scenario/test_external_router.py::test_a_router_that_exits_is_one_line_with_its_stderr",
+    ),
+    "ExternalRouterConfig.ready_timeout": "tests/scenario/test_external_router.py::test_a_router_never_ready_is_stopped_after_ready_timeout",
+    "ServiceSpec.facade": (
+        "tests/services/facade/test_sglang_facade.py::test_without_a_facade_a_worker_serves_only_our_routers_api",
+        "tests/services/facade/test_sglang_facade.py::test_recorded_requests_are_prefilled_moved_verified_and_decoded",
+    ),
+    "ServiceSpec.facade_decodes": (
+        "tests/services/facade/test_sglang_facade.py::test_only_the_deployments_decode_instances_may_register",
+        "tests/services/facade/test_sglang_facade.py::test_the_kv_crosses_the_link_only_between_clusters",
+    ),
     "Scenario.checkers": (
         PREP + "test_checkers_are_refused_before_the_run_when_they_cannot_be_judged",
         "tests/checkers/test_checkers.py::test_summary_and_report_show_a_vacuous_check",
@@ -409,6 +434,7 @@ FIELDS: dict[str, Tests] = {
     "FallbackCheck.max_decision": BYOS_FAULTS + "test_fallback_check_passes_lost_slow_and_vacuous",
     "PolicyShareCheck.check": "tests/checkers/test_policy_share.py::test_the_check_is_on_by_default_for_outside_policies_only",
     "PolicyShareCheck.min": "tests/checkers/test_policy_share.py::test_the_share_fails_under_min_and_names_the_fallbacks_by_kind",
+    "PolicyShareCheck.settle": "tests/checkers/test_policy_share.py::test_a_faults_aftermath_is_left_out_for_settle_after_its_end",
     "RerouteCheck.check": CHECK + "test_reroute_fault_and_within",
     "RerouteCheck.fault": CHECK + "test_reroute_fault_and_within",
     "RerouteCheck.within": CHECK + "test_reroute_fault_and_within",
@@ -567,6 +593,10 @@ FLAGS: dict[str, Tests] = {
     "testbed run --trace": RUN_FLAGS,
     "testbed run --duration": RUN_FLAGS,
     "testbed run --out": RUN_FLAGS,
+    "testbed run --router": (
+        "tests/scenario/test_external_router.py::test_run_router_flag_runs_the_external_router",
+        "tests/scenario/test_external_router.py::test_router_option_puts_the_router_in_front_at_time_scale_1",
+    ),
     "testbed run --shaper": (
         CLI + "test_shaper_overrides_the_link_shaper_and_the_header_says_which",
         "tests/scenario/test_shaper_tc.py::test_bandwidth_drop_with_the_kernel_shaper",

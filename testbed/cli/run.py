@@ -113,6 +113,11 @@ def _run(args: argparse.Namespace) -> int:
         )
     path = resolve_scenario(args.scenario)
     scenario = scenario_with_settings(path, args.settings) if args.settings else load_scenario(path)
+    if args.router:  # an external router in front (docs/real-routers.md)
+        from testbed.scenario.external_run import with_router
+
+        timed = any(k == "scale.time_scale" for k, _ in args.settings or ())
+        scenario = with_router(scenario, args.router, timed)
     out = Path(args.out) if args.out else Path("results") / scenario.name
     opts = RunOptions(
         substrate=args.substrate,
@@ -128,6 +133,11 @@ def _run(args: argparse.Namespace) -> int:
         source=str(path),
     )
     rp = prepare_run(scenario, opts)
+    if rp.scenario.router is not None and opts.substrate != "local":
+        raise UserError(
+            f"router: an external router runs on the local substrate only, so far (not "
+            f"{opts.substrate}; docs/real-routers.md)"
+        )
     if opts.substrate == "sim":
         return _simulate(rp, opts, started)
     clock = LiveClock.paced(rp.scenario.scale)  # `time_scale: auto` resolved by prepare_run
@@ -147,7 +157,12 @@ def _run(args: argparse.Namespace) -> int:
         print(f"testbed: link shaper: {rp.shaper_note}", file=sys.stderr)
     display = ProgressDisplay(bar=True) if opts.progress else None
     try:
-        result = asyncio.run(run_scenario(rp, opts, display))
+        if rp.scenario.router is not None:
+            from testbed.scenario.external_run import run_external
+
+            result = asyncio.run(run_external(rp, opts, display))
+        else:
+            result = asyncio.run(run_scenario(rp, opts, display))
     finally:
         if display is not None:
             display.close()
@@ -210,6 +225,13 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--policy", help="routing policy (default: the scenario's)")
     p.add_argument("--trace", help="Mooncake JSONL trace to replay")
+    p.add_argument(
+        "--router",
+        metavar="PRESET[:POLICY]",
+        help="an external router in front of the fleet instead of ours, e.g. sglang-router or "
+        "sglang-router:round_robin (needs pip install -e '.[routers]'; time_scale 1 unless "
+        "--set scale.time_scale=...; docs/real-routers.md)",
+    )
     p.add_argument(
         "--duration",
         type=_positive_duration,

@@ -42,6 +42,7 @@ from testbed.substrate.base import ServiceHandle, Substrate
 from testbed.workload.generate import RequestSpec
 
 __all__ = ["run_scenario"]
+ProgressSink = Callable[[Progress], None] | None  # run_class: scenario.external_run
 
 SAMPLE_INTERVAL_S = 0.25
 """Wall seconds between samples of queues and link throughput."""
@@ -456,13 +457,12 @@ class _Run:
                 )
 
 
-async def run_scenario(
-    rp: RunPlan, opts: RunOptions, on_progress: Callable[[Progress], None] | None = None
-) -> RunResult:
+async def run_scenario(rp: RunPlan, opts: RunOptions, on_progress: ProgressSink = None,
+                       run_class: type[_Run] = _Run) -> RunResult:  # fmt: skip
     """Run one prepared scenario live and write its results to `opts.out_dir`."""
     begun = time.perf_counter()
     opts.out_dir.mkdir(parents=True, exist_ok=True)
-    run = _Run(rp, opts)
+    run = run_class(rp, opts)
     run.journal_to(opts.out_dir)
     report = on_progress or (lambda progress: None)
 

@@ -40,6 +40,7 @@ from testbed.config import (
     load_yaml,
 )
 from testbed.config.profiles import ProfileFile, load_profile_file, register_profile
+from testbed.config.router import ExternalRouterConfig
 from testbed.config.suggest import closest_field, fields_at
 from testbed.engine.torch.config import TinyConfig
 from testbed.errors import ConfigError
@@ -89,6 +90,9 @@ class Scenario(StrictModel):
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
     nemesis: list[NemesisAction] = Field(default_factory=list)
     checkers: list[CheckerAction] = Field(default_factory=list)
+    router: ExternalRouterConfig | None = None
+    """An external router in front of the fleet instead of ours (docs/real-routers.md); None:
+    our router and `policy`."""
 
     @model_validator(mode="after")
     def _deployment_exists(self) -> Scenario:

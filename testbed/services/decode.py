@@ -23,76 +23,36 @@ from typing import Any
 
 from aiohttp import web
 
-from testbed.clock import LiveClock
-from testbed.profiles import MODELS
 from testbed.services import cache_pull
-from testbed.services.engines import decode_adapter
+from testbed.services.decoding import (
+    DecodeFailed,
+    DecodeState,
+    FirstTokens,
+    KVArrival,
+    decode_tokens,
+    receive_kv,
+)
 from testbed.services.engines.base import DecodeAdapter
 from testbed.services.exposition import add_metrics_route, worker_registry, worker_samples
+from testbed.services.facade import add_decode_routes
 from testbed.services.kv_expect import EXPECTING, expect_kv, label_field
 from testbed.services.spec import ServiceSpec
 from testbed.services.validate import health, int_field, json_body, json_errors, str_field
-from testbed.transfer.errors import TransferError
-from testbed.transfer.reassembly import KVManifest
-from testbed.transfer.receiver import KVReceiver, ReceiverStats
+from testbed.transfer.receiver import ReceiverStats
 
-__all__ = ["STATE", "DecodeState", "FirstTokens", "create_app", "kv_accounting"]
-
-MAX_PENDING_FIRST = 65536
-"""First tokens remembered for requests whose decode call has not (or no longer) come."""
-
-
-class FirstTokens:
-    """First tokens the router forwards (engines that relay them), by wire id."""
-
-    def __init__(self) -> None:
-        self.futures: dict[str, asyncio.Future[int]] = {}
-
-    def expect(self, rid: str) -> asyncio.Future[int]:
-        """The future the router's first_token call resolves (whichever side comes first).
-
-        A first token for a request whose decode already ended leaves an entry nobody pops;
-        the oldest entries go once there are MAX_PENDING_FIRST, so that cannot grow unbounded.
-        """
-        fut = self.futures.get(rid)
-        if fut is None:
-            while len(self.futures) >= MAX_PENDING_FIRST:
-                self.futures.pop(next(iter(self.futures))).cancel()
-            fut = self.futures[rid] = asyncio.get_running_loop().create_future()
-        return fut
-
-    def forget(self, rid: str) -> None:
-        self.futures.pop(rid, None)
-
-    def cancel(self, rid: str) -> None:
-        fut = self.futures.pop(rid, None)
-        if fut is not None:
-            fut.cancel()
-
-
-class DecodeState:
-    def __init__(self, spec: ServiceSpec, engine: DecodeAdapter[Any] | None = None) -> None:
-        self.spec = spec
-        self.clock = LiveClock.of(spec)
-        self.bs_max = MODELS[spec.model].decode[spec.hardware].bs_max(spec.tpot_slo_s)
-        self.engine = (
-            engine if engine is not None else decode_adapter(spec, self.clock, self.bs_max)
-        )
-        self.receiver = KVReceiver(spec.host, spec.kv_port, keep_payload=self.engine.keep_payload)
-        self.first_tokens = FirstTokens()
-        self.waiting_kv = 0
-        self.completed = 0
-        self.failed = 0
-        self.tokens_streamed = 0
-
+__all__ = [
+    "STATE",
+    "DecodeFailed",
+    "DecodeState",
+    "FirstTokens",
+    "KVArrival",
+    "create_app",
+    "decode_tokens",
+    "kv_accounting",
+    "receive_kv",
+]
 
 STATE = web.AppKey("state", DecodeState)
-
-
-def _when(mono: float | None) -> float:
-    """A slot's token instant (set once it produced a token; a finished slot has both)."""
-    assert mono is not None, "a finished decode slot has token times"
-    return mono
 
 
 async def _decode(request: web.Request) -> web.StreamResponse:
@@ -103,104 +63,23 @@ async def _decode(request: web.Request) -> web.StreamResponse:
     output_tokens = int_field(body, "output_tokens", 1, engine.max_output_tokens)
     expected = int_field(body, "expected_wire_bytes", 0, 1 << 50)
     label = label_field(body)
-    skip = state.spec.unsafe_skip_kv_verify  # TEST-ONLY: see ServiceSpec.unsafe_skip_kv_verify
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
 
     async def send(doc: dict[str, Any]) -> None:
         await resp.write((json.dumps(doc, separators=(",", ":")) + "\n").encode())
 
-    async def fail(reason: str) -> web.StreamResponse:
-        state.failed += 1
-        await send({"error": reason})
-        return resp
+    async def expecting() -> None:
+        await resp.prepare(request)
+        await resp.write(EXPECTING)
 
-    clock = state.clock
-    timeout = state.spec.kv_timeout_s
-    expect_kv(state.receiver, rid, total_bytes=expected, timeout_s=timeout, label=label)
-    first = state.first_tokens.expect(rid) if engine.relays_first_token else None
-    layers: list[bytearray] | None = None
-    first_token: int | None = None
-    state.waiting_kv += 1
+    expect_kv(state.receiver, rid, total_bytes=expected, timeout_s=state.spec.kv_timeout_s,
+              label=label)  # fmt: skip
     try:
-        try:
-            await resp.prepare(request)
-            await resp.write(EXPECTING)
-            if skip:  # the KV may still arrive: the receiver frees it at its deadline
-                manifest = KVManifest(rid, (), expected, False, 0.0, 0.0, 0, 0)
-            else:
-                manifest = await state.receiver.wait(rid, timeout)
-                if engine.keep_payload:
-                    layers = state.receiver.take_payload(rid)
-        except TransferError as exc:
-            return await fail(f"kv transfer failed: {exc.reason}")
-        except KeyError as exc:  # complete but without its bytes: nothing to decode from
-            return await fail(f"kv payload unavailable: {exc}")
-        except TimeoutError:
-            return await fail("kv transfer timed out at decode")
-        finally:
-            if not skip:
-                state.receiver.discard(rid)
-        if manifest.total_bytes != expected:
-            return await fail(f"kv size mismatch: got {manifest.total_bytes}, want {expected}")
-        if not manifest.verified and not skip:
-            return await fail("kv not verified")
-        if first is not None:
-            try:
-                first_token = await asyncio.wait_for(first, timeout)
-            except TimeoutError:
-                return await fail("first token never arrived from the router")
-    finally:
-        state.waiting_kv -= 1
-        if first is not None:
-            state.first_tokens.forget(rid)
-    kv_ready = clock.now()
-    pending: asyncio.Queue[int] = asyncio.Queue()
-    handle = await engine.admit(rid, output_tokens, layers, first_token, pending.put_nowait)
-    if isinstance(handle, str):  # intact bytes the engine cannot decode from
-        return await fail(handle)
-    await send(
-        {"admitted": True, "kv_verified": manifest.verified, "kv_wire_bytes": manifest.total_bytes}
-    )
-    engine.submit(handle)
-    streamed = 0
-    try:
-        while not (handle.done.is_set() and pending.empty()):
-            getter = asyncio.ensure_future(pending.get())
-            done_wait = asyncio.ensure_future(handle.done.wait())
-            await asyncio.wait({getter, done_wait}, return_when=asyncio.FIRST_COMPLETED)
-            done_wait.cancel()
-            if getter.done():
-                n = getter.result()
-                while not pending.empty():
-                    n += pending.get_nowait()
-                streamed += n
-                state.tokens_streamed += n
-                line: dict[str, Any] = {"tokens": n}
-                ids = engine.result(handle).get("token_ids")  # engine: torch, so far
-                if ids is not None:  # the router streams the model's real text
-                    line["ids"] = ids[streamed - n : streamed]
-                await send(line)
-            else:
-                getter.cancel()
-    finally:
-        if not handle.done.is_set():
-            engine.cancel(handle)
-    error = engine.error(handle)
-    if error is not None:
-        return await fail(f"decode: {error}")
-    state.completed += 1
-    await send(
-        {
-            "done": True,
-            "tokens": streamed,
-            **engine.result(handle),
-            "kv_ready": kv_ready,
-            "first_token": clock.at(_when(handle.first_token_at)),
-            "last_token": clock.at(_when(handle.last_token_at)),
-            "kv_wire_bytes": manifest.total_bytes,
-            "kv_verified": manifest.verified,
-        }
-    )
+        kv = await receive_kv(state, rid, expected, on_expecting=expecting)
+        await send(await decode_tokens(state, rid, output_tokens, kv, send))
+    except DecodeFailed as exc:
+        state.failed += 1
+        await send({"error": exc.reason})
     return resp
 
 
@@ -291,6 +170,8 @@ async def create_app(
             )
         ),
     )
+    if spec.facade is not None:  # an external router's PD handshake (docs/real-routers.md)
+        await add_decode_routes(app, state)
     batch_task = asyncio.get_running_loop().create_task(state.engine.run())
 
     async def _shutdown(_app: web.Application) -> None:

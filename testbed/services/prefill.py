@@ -15,86 +15,20 @@ The queue, the transfers, the validation of the rest of the request and /stats a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from testbed.services import cache_pull
-from testbed.services.engines import prefill_adapter
 from testbed.services.engines.base import PrefillAdapter
 from testbed.services.exposition import add_metrics_route, worker_registry, worker_samples
+from testbed.services.facade import add_prefill_routes
 from testbed.services.kv_targets import targets_handler
-from testbed.services.prefill_queue import PrefillQueue
+from testbed.services.prefilling import PrefillJob, PrefillState
 from testbed.services.spec import ServiceSpec
 from testbed.services.validate import health, int_field, json_body, json_errors, str_field
-from testbed.transfer.errors import TransferError
 
 __all__ = ["STATE", "PrefillJob", "PrefillState", "create_app"]
-
-
-@dataclass
-class PrefillJob:
-    id: str
-    work: Any
-    """What the engine needs of this request (PrefillAdapter.parse)."""
-    target: tuple[str, int]
-    result: asyncio.Future[dict[str, Any]]
-    queued_at: float = 0.0
-    times: dict[str, float] = field(default_factory=dict)
-    answer: dict[str, Any] = field(default_factory=dict)
-    """The engine's fields of the answer (PrefillAdapter.run)."""
-
-
-class PrefillState(PrefillQueue[PrefillJob]):
-    def __init__(self, spec: ServiceSpec, engine: PrefillAdapter[Any] | None = None) -> None:
-        super().__init__(spec)
-        self.engine = engine if engine is not None else prefill_adapter(spec, self.clock)
-        self.prompt_tokens = 0
-        """Tokens prefilled by requests that completed (vllm:prompt_tokens_total)."""
-
-    def job_tokens(self, job: PrefillJob) -> int:
-        return self.engine.tokens(job.work)
-
-    async def prefill(self, job: PrefillJob) -> None:
-        sizes = self.engine.layer_sizes(job.work)
-        layers: asyncio.Queue[tuple[int, Any] | None] = asyncio.Queue()
-        job.times["prefill_start"] = self.clock.now()
-        self.track(job, self._transfer(job, sizes, layers))
-
-        def on_layer(layer: int, item: Any) -> None:
-            layers.put_nowait((layer, item))
-
-        try:
-            job.answer = await self.engine.run(job.id, job.work, sizes, on_layer)
-            job.times["prefill_end"] = self.clock.now()
-            if "prefill_start" in job.answer:  # the engine counted from an earlier start
-                job.times["prefill_start"] = float(job.answer.pop("prefill_start"))
-        finally:
-            layers.put_nowait(None)  # after prefill_end: the transfer checks it at the sentinel
-
-    async def _transfer(
-        self, job: PrefillJob, sizes: Sequence[int], layers: asyncio.Queue[tuple[int, Any] | None]
-    ) -> None:
-        sent = 0
-        try:
-            sender = await self.sender(job.target)
-            async with sender.open(job.id, list(sizes)) as tx:
-                while (item := await layers.get()) is not None:
-                    layer, data = item
-                    if "transfer_start" not in job.times:
-                        job.times["transfer_start"] = self.clock.now()
-                    buf = self.engine.payload(job.id, layer, data)
-                    await tx.send_layer(layer, buf)
-                    sent += len(buf)
-                if "prefill_end" not in job.times:  # the prefill broke: abort, never half a KV
-                    raise RuntimeError("prefill did not finish")
-            job.times["transfer_end"] = self.clock.now()
-            self._complete(job, kv_wire_bytes_sent=sent, **job.answer)
-        except (TransferError, OSError, TimeoutError, RuntimeError) as exc:  # others: track()
-            reason = exc.reason if isinstance(exc, TransferError) else repr(exc)
-            self._fail(job, f"kv transfer: {reason}", kv_wire_bytes_sent=sent)
 
 
 STATE = web.AppKey("state", PrefillState)
@@ -149,6 +83,8 @@ async def create_app(
             )
         ),
     )
+    if spec.facade is not None:  # an external router's PD handshake (docs/real-routers.md)
+        add_prefill_routes(app, state)
     worker = asyncio.get_running_loop().create_task(state.worker())
 
     async def _shutdown(_app: web.Application) -> None:

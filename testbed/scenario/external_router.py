@@ -1,0 +1,190 @@
+"""Start and stop an external router (the scenario's `router:`) in front of the fleet.
+
+A preset knows how to start one router: the module it runs (`python -m MODULE`, never a bare
+console script: sglang-router and smg both install an `smg` script), the worker lists built from
+the deployment, and the flags that keep it on loopback and make it notice a fault within a
+scenario. The router binds 127.0.0.1 on a free port (sglang-router binds 0.0.0.0:30000 and its
+Prometheus 0.0.0.0:29000 by default), is ready when it has registered every worker (bounded by
+`ready_timeout`), and is stopped with the run (SIGTERM, then SIGKILL), leaving no process.
+Errors are one line (UserError: exit 2), with the tail of the router's log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from testbed.config.router import ExternalRouterConfig
+from testbed.errors import UserError
+from testbed.services.router.text import TOKENIZER_DIR
+from testbed.services.spec import InstanceInfo
+
+__all__ = ["PRESETS", "Preset", "RouterProcess", "free_port", "start_router"]
+
+STOP_S = 5.0
+"""Wall seconds the router has to exit on SIGTERM before it is killed."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    module: str
+    package: str
+    """The pip requirement of the `routers` extra that provides `module`."""
+    health_flags: tuple[str, ...]
+    """Flags that make it notice a dead worker within a scenario (its defaults: a 60 s health
+    interval, 3 failures)."""
+
+
+PRESETS: dict[str, Preset] = {
+    "sglang-router": Preset(
+        module="sglang_router.launch_router",
+        package="sglang-router==0.3.2",
+        health_flags=(
+            *("--health-check-interval-secs", "2"),
+            *("--health-failure-threshold", "2"),
+            *("--health-check-timeout-secs", "2"),
+        ),
+    ),
+}
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the router binds it a moment later)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def sglang_command(
+    cfg: ExternalRouterConfig,
+    python: str,
+    port: int,
+    prometheus_port: int,
+    prefills: Sequence[tuple[str, int]],
+    decodes: Sequence[str],
+) -> list[str]:
+    """sglang-router in PD mode: `--prefill URL BOOTSTRAP_PORT` per prefill instance (the
+    bootstrap route is on the worker's own HTTP port), `--decode URL` per decode instance."""
+    preset = PRESETS[cfg.preset]
+    cmd = [python, "-m", preset.module, "--host", "127.0.0.1", "--port", str(port),
+           "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus_port),
+           "--pd-disaggregation"]  # fmt: skip
+    for url, bootstrap in prefills:
+        cmd += ["--prefill", url, str(bootstrap)]
+    for url in decodes:
+        cmd += ["--decode", url]
+    cmd += ["--policy", cfg.policy, "--tokenizer-path", str(TOKENIZER_DIR),
+            "--worker-startup-timeout-secs", str(max(1, int(cfg.ready_timeout))),
+            "--worker-startup-check-interval", "1", "--log-level", "warn",
+            *preset.health_flags, *cfg.flags]  # fmt: skip
+    return cmd
+
+
+def _installed(python: str | None, module: str) -> bool:
+    if python is not None:
+        return Path(python).exists()  # another venv's: it says so itself if the module is not
+    top = module.split(".")[0]
+    try:
+        return importlib.util.find_spec(top) is not None
+    except ImportError:
+        return False
+
+
+class RouterProcess:
+    """One running external router."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, url: str, log: Path, name: str) -> None:
+        self.proc = proc
+        self.url = url
+        self.log = log
+        self.name = name
+
+    def tail(self, lines: int = 5) -> str:
+        try:
+            text = self.log.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return " | ".join(t.strip() for t in text[-lines:])
+
+    def exited(self) -> str | None:
+        """Why the router is gone, if it is."""
+        if self.proc.returncode is None:
+            return None
+        return f"{self.name} exited with code {self.proc.returncode}: {self.tail()}"
+
+    async def wait_ready(self, workers: int, timeout_s: float) -> None:
+        """Until the router has registered every worker (its /readiness counts them)."""
+        deadline = time.monotonic() + timeout_s
+        seen = ""
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+            while time.monotonic() < deadline:
+                if (why := self.exited()) is not None:
+                    raise UserError(f"router: {why}")
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                    async with session.get(f"{self.url}/readiness") as resp:
+                        doc = await resp.json(content_type=None)
+                        seen = f"{doc.get('healthy_workers')} of {workers} workers healthy"
+                        if resp.status == 200 and doc.get("healthy_workers") == workers:
+                            return
+                await asyncio.sleep(0.2)
+        await self.stop()
+        raise UserError(
+            f"router: {self.name} not ready in {timeout_s:g}s ({seen or 'no answer'}): "
+            f"{self.tail()}"
+        )
+
+    async def stop(self) -> None:
+        if self.proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.terminate()
+        try:
+            await asyncio.wait_for(self.proc.wait(), STOP_S)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            await self.proc.wait()
+
+
+async def start_router(
+    cfg: ExternalRouterConfig,
+    prefills: Sequence[InstanceInfo],
+    decodes: Sequence[InstanceInfo],
+    log_dir: Path,
+) -> RouterProcess:
+    """Start the configured router in front of these instances and wait until it is ready."""
+    preset = PRESETS[cfg.preset]
+    if not _installed(cfg.python, preset.module):
+        raise UserError(
+            f"router: {cfg.preset} is not installed (pip install -e '.[routers]', which "
+            f"installs {preset.package})"
+        )
+    python = cfg.python or sys.executable
+    port = free_port()
+    workers = [(p.url, int(p.url.rsplit(":", 1)[1])) for p in prefills]
+    cmd = sglang_command(cfg, python, port, free_port(), workers, [d.url for d in decodes])
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"router-{cfg.preset}.log"
+    with log.open("wb") as out:
+        out.write((" ".join(cmd) + "\n").encode())
+        out.flush()
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
+            start_new_session=True,
+        )  # fmt: skip
+    router = RouterProcess(proc, f"http://127.0.0.1:{port}", log, cfg.preset)
+    try:
+        await router.wait_ready(len(prefills) + len(decodes), cfg.ready_timeout)
+    except BaseException:
+        await router.stop()
+        raise
+    return router

@@ -1,0 +1,244 @@
+"""A live run with an external router (the scenario's `router:`) in front of the fleet.
+
+The fleet is the scenario's deployment as a live run stands it up (scenario.runner), every
+prefill and decode instance also serving the router-facing API (services.facade, flavour
+`sglang`); the router starts once the fleet is up (scenario.external_router) and the load
+generator speaks OpenAI to it (scenario.openai_load). Our own router still runs, idle: nothing
+is routed through it.
+
+Records: the router keeps none, so each request's record is joined, at the end of the run, from
+what the client saw (its arrival, first and last token, tokens, the router's error) and the
+attempts the instances journaled (`GET /facade/attempts`, read every quarter second while the
+run goes, so a killed instance loses only its last moments): the decode attempt that completed
+it gives the route, the instances, the KV bytes and their verification, the prefill's times; the
+decode attempts of one request id are its retries. A request the client saw complete with no
+completed attempt on record keeps `kv_verified` false, and kv_accounted says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+from pydantic import ValidationError
+
+from testbed.config.router import ExternalRouterConfig
+from testbed.errors import UserError
+from testbed.metrics.records import HistoryEvent, RequestRecord
+from testbed.policy import get_policy
+from testbed.scenario.external_router import RouterProcess, start_router
+from testbed.scenario.openai_load import ClientView, PromptText, request_body, submit
+from testbed.scenario.plan import Progress, RunOptions, RunPlan, RunResult
+from testbed.scenario.runner import SAMPLE_INTERVAL_S, _Run, run_scenario
+from testbed.scenario.schema import Scenario
+from testbed.services.spec import InstanceInfo, ServiceSpec
+from testbed.workload.generate import RequestSpec
+
+__all__ = ["ExternalRun", "join_record", "run_external", "with_router"]
+
+_SHIFTED = ("prefill_start", "prefill_end", "transfer_start", "transfer_end")
+
+
+def join_record(
+    req: RequestSpec,
+    view: ClientView,
+    attempts: list[dict[str, Any]],
+    to_load: Callable[[float], float],
+) -> RequestRecord:
+    """One request's record from the client's view and the decode attempts journaled for it
+    (their times on the services' clock: `to_load` puts them on the load's)."""
+    rec = RequestRecord(
+        id=req.id,
+        input_tokens=req.input_tokens,
+        output_tokens=req.output_tokens,
+        arrival=view.sent,
+    )
+    decodes = [a for a in attempts if a.get("side") == "decode"]
+    rec.retries = max(0, len(decodes) - 1)
+    done = [a for a in decodes if a.get("outcome") == "completed"]
+    if done:
+        a = done[-1]
+        rec.decode_instance = a.get("instance")
+        rec.prefill_instance = a.get("prefill_instance")
+        rec.route = a.get("route")
+        rec.cross_dc = rec.route is not None and rec.route != a.get("cluster")
+        for name in _SHIFTED:
+            if a.get(name) is not None:
+                setattr(rec, name, to_load(float(a[name])))
+        rec.kv_wire_bytes_expected = int(a.get("kv_wire_bytes_expected", 0))
+        rec.kv_wire_bytes_sent = int(a.get("kv_wire_bytes_sent", 0))
+        rec.kv_wire_bytes_received = int(a.get("kv_wire_bytes_received", 0))
+        rec.kv_verified = bool(a.get("kv_verified"))
+    rec.tokens_out = view.tokens
+    rec.first_token, rec.last_token = view.first_token, view.last_token
+    if view.error is None:
+        rec.status = "completed"
+    else:
+        rec.failure_reason = view.error
+    return rec
+
+
+class ExternalRun(_Run):
+    """scenario.runner's run, with the external router in front (see the module's doc)."""
+
+    def __init__(self, rp: RunPlan, opts: RunOptions) -> None:
+        super().__init__(rp, opts)
+        cfg = rp.scenario.router
+        if cfg is None:
+            raise UserError("an external-router run needs the scenario's router: section")
+        if rp.deployment.engine != "emulated":
+            raise UserError("router: an external router runs the emulated engine only, so far")
+        if get_policy(rp.policy).long_term and rp.deployment.prfaas is not None:
+            raise UserError(
+                f"router: an external router needs the planner's static PD split; policy "
+                f"{rp.policy} switches roles at run time"
+            )
+        self.cfg = cfg
+        self.process: RouterProcess | None = None
+        self.workers: list[InstanceInfo] = []
+        self.views: dict[str, ClientView] = {}
+        self.requests: dict[str, RequestSpec] = {}
+        self.attempts: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.read_upto: dict[str, int] = {}
+        self.prompts = PromptText()
+
+    def _spec(self, role: str, sid: str, cluster: str, hardware: str) -> ServiceSpec:
+        """Every prefill and decode instance serves the facade; a prefill learns the decode
+        instances' KV addresses, direct and through the link (started before it)."""
+        spec = super()._spec(role, sid, cluster, hardware)
+        if role in ("prefill", "decode"):
+            spec.facade = "sglang"
+        if role == "prefill":
+            spec.facade_decodes = self._decode_table()
+        return spec
+
+    def _decode_table(self) -> list[InstanceInfo]:
+        assert self.link is not None
+        table = []
+        for h in self.services.values():
+            if h.spec.role != "decode" or h.kv_addr is None:
+                continue
+            link = self.link.routes[h.spec.id]
+            table.append(
+                InstanceInfo(
+                    id=h.spec.id,
+                    cluster=h.spec.cluster,
+                    role="decode",
+                    url=h.url,
+                    kv_host=h.kv_addr[0],
+                    kv_port=h.kv_addr[1],
+                    kv_link_host=link[0],
+                    kv_link_port=link[1],
+                )
+            )
+        return table
+
+    async def start(self) -> None:
+        """The fleet as a live run stands it up, then the router in front of it."""
+        await super().start()
+        prefills: list[InstanceInfo] = []
+        decodes: list[InstanceInfo] = []
+        for h in self.services.values():
+            s = h.spec
+            if s.role == "prefill":
+                prefills.append(InstanceInfo(id=s.id, cluster=s.cluster, role="prefill", url=h.url))
+            elif s.role == "decode":
+                decodes.append(InstanceInfo(id=s.id, cluster=s.cluster, role="decode", url=h.url))
+        self.workers = prefills + decodes
+        self.process = await start_router(self.cfg, prefills, decodes, self.opts.out_dir / "logs")
+
+    async def shutdown(self) -> None:
+        if self.process is not None:
+            await self.process.stop()
+        await super().shutdown()
+
+    async def _one(self, session: aiohttp.ClientSession, req: RequestSpec) -> None:
+        assert self.process is not None
+        delay = self.clock.wall_until(req.arrival)
+        if delay > 0:
+            try:
+                await asyncio.wait_for(self.stop.wait(), delay)
+                return  # stopped before this request was due: never submitted
+            except TimeoutError:
+                pass
+        if self.stop.is_set():
+            return
+        self.submitted.append(req.id)
+        self.requests[req.id] = req
+        body = request_body(req, self.prompts.prompt(req), self.rp.deployment.model)
+        try:
+            self.views[req.id] = await submit(session, self.process.url, req, body, self.clock)
+        except asyncio.CancelledError:
+            self._fail(req, self.stop_reason or "not finished before drain timeout")
+            raise
+
+    async def _read_attempts(self, session: aiohttp.ClientSession) -> None:
+        """New attempts from every instance's journal (a dead instance is skipped)."""
+        for inst in self.workers:
+            after = self.read_upto.get(inst.id, 0)
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, KeyError):
+                async with asyncio.timeout(2):
+                    url = f"{inst.url}/facade/attempts"
+                    async with session.get(url, params={"after": after}) as resp:
+                        doc = await resp.json()
+                for a in doc["attempts"]:
+                    self.read_upto[inst.id] = max(self.read_upto.get(inst.id, 0), int(a["seq"]))
+                    if a.get("request") is not None:
+                        self.attempts[str(a["request"])].append(a)
+                    self.history.append(HistoryEvent(self.clock.now(), "attempt", a))
+
+    async def _sample(self, session: aiohttp.ClientSession) -> None:
+        """The instances' journals and the link, every SAMPLE_INTERVAL_S; a router that exits
+        mid-run stops the run with its reason."""
+        while True:
+            await self._read_attempts(session)
+            if self.link is not None:
+                sample = await self.link.sample()
+                if sample is not None:
+                    self.history.append(HistoryEvent(self.clock.now(), "link", sample))
+            if self.process is not None and (why := self.process.exited()) is not None:
+                self.notes.append(f"router: {why}")
+                self.stop.set()
+                return
+            await asyncio.sleep(SAMPLE_INTERVAL_S)
+
+    async def _engine_stats(self, session: aiohttp.ClientSession) -> None:
+        """At the end: the last attempts, then every record joined (see the module's doc)."""
+        await self._read_attempts(session)
+        for rid in self.submitted:
+            view = self.views.get(rid)
+            if rid in self.records or view is None:
+                continue
+            self._record(join_record(self.requests[rid], view, self.attempts[rid],
+                                     self.load_time))  # fmt: skip
+        await super()._engine_stats(session)
+
+
+async def run_external(
+    rp: RunPlan, opts: RunOptions, on_progress: Callable[[Progress], None] | None = None
+) -> RunResult:
+    """Run a scenario with its `router:` live (scenario.runner.run_scenario's results)."""
+    return await run_scenario(rp, opts, on_progress, run_class=ExternalRun)
+
+
+def with_router(scenario: Scenario, option: str, time_scale_set: bool) -> Scenario:
+    """`testbed run --router PRESET[:POLICY]`: the scenario with that router in front, at
+    time_scale 1 (router timers are wall-clock) unless `--set scale.time_scale=...` says."""
+    preset, _, policy = option.partition(":")
+    try:
+        cfg = ExternalRouterConfig.model_validate(
+            {"preset": preset, **({"policy": policy} if policy else {})}
+        )
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = "".join(f"{p}: " for p in err["loc"])
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        raise UserError(f"--router {option}: {where}{msg}") from None
+    update: dict[str, Any] = {"router": cfg}
+    if not time_scale_set:
+        update["scale"] = scenario.scale.model_copy(update={"time_scale": 1.0})
+    return scenario.model_copy(update=update)

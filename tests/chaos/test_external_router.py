@@ -1,0 +1,76 @@
+"""SGLang's gateway (sglang-router, the `routers` extra) routes the emulated fleet live, under
+a prefill kill: 20 requests over 10 s (inputs <= 2K tokens, 16 output tokens) at time_scale 1,
+one PrfaaS prefill SIGKILLed for 4 s. Nothing is lost from the testbed's view, every completed
+request's KV is accounted and verified, the PrfaaS-served ones moved real KV bytes across the
+link, and the gateway's retries show as the workers saw them. Marker `routers`: `make test`
+installs the extra; selected without it, the run fails naming it (`make chaos` leaves it out)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from testbed.scenario.external_run import run_external
+from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.schema import scenario_from_data
+
+pytestmark = [
+    pytest.mark.chaos,
+    pytest.mark.timeout(120),
+    pytest.mark.routers,  # the `routers` extra (make test installs it): without it, fails naming it
+]
+
+SCENARIO = {
+    "name": "external-sglang",
+    "seed": 5,
+    "duration": "10s",
+    "scale": {"time_scale": 1, "byte_scale": 2000},
+    "deployments": {
+        "prfaas-pd": {
+            "kind": "prfaas-pd",
+            "prfaas": {"hardware": "h200x8", "instances": 2},
+            "local": {"hardware": "h20x8", "instances": 3, "prefill": 1, "decode": 2},
+            "link": {"bandwidth": "100Gbps", "rtt": "10ms", "connections": 2},
+        }
+    },
+    "workload": {
+        "lengths": {"kind": "lognormal", "mu": 6.5, "sigma": 0.8, "min": 128, "max": "2K"},
+        "output_tokens": 16,
+        "arrivals": {"process": "uniform", "rate": 2.0},
+    },
+    "policy": {"name": "prfaas-static", "threshold": "8K"},
+    "nemesis": [{"action": "kill", "at": "3s", "for": "4s", "target": "prfaas-prefill-0"}],
+    "router": {"kind": "external", "preset": "sglang-router", "policy": "round_robin"},
+}
+
+
+async def test_sglang_gateway_routes_the_fleet_through_a_prefill_kill(tmp_path: Path) -> None:
+    sc = scenario_from_data(SCENARIO, tmp_path / "external-sglang.yaml")
+    opts = RunOptions(out_dir=tmp_path / "out", progress=False, drain_timeout_s=30, timeline=False)
+    result = await run_external(prepare_run(sc, opts), opts)
+    checks = {c.name: (c.verdict, c.detail) for c in result.checks}
+    for name in ("nothing_lost", "kv_accounted", "no_unverified_decode", "generator_count"):
+        assert checks[name][0] == "ok", checks
+    records = [
+        json.loads(line) for line in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()
+    ]
+    assert len(records) == 20
+    done = [r for r in records if r["status"] == "completed"]
+    assert done, records
+    prfaas = [r for r in done if r["route"] == "prfaas"]
+    assert prfaas and all(r["cross_dc"] and r["kv_wire_bytes_received"] > 0 for r in prfaas)
+    assert {r["prefill_instance"] for r in done} >= {"local-prefill-0"}
+    for r in records:  # a failure is the router's reason as the client got it
+        assert r["status"] == "completed" or r["failure_reason"].startswith(("router", "client"))
+    history = [
+        json.loads(line) for line in (tmp_path / "out" / "history.jsonl").read_text().splitlines()
+    ]
+    attempts = [e for e in history if e["kind"] == "attempt"]
+    assert {a["side"] for a in attempts} == {"prefill", "decode"}
+    retried = [r for r in records if r["retries"] > 0]
+    print(
+        f"completed {len(done)}/20, prfaas {len(prfaas)}, retried {len(retried)}, "
+        f"failed {[r['failure_reason'] for r in records if r['status'] == 'failed']}"
+    )

@@ -1,0 +1,152 @@
+"""The external router's wiring, without a router: the preset's command line, the one-line
+errors (extra missing, router exiting, never ready), `--router`, the scenario's `router:` and
+the record joined from the client's view and the workers' attempts. Fast: fake routers are
+shell scripts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import testbed.scenario.external_run as external_run
+from testbed.cli import main
+from testbed.config.router import ExternalRouterConfig
+from testbed.errors import UserError
+from testbed.scenario.external_router import sglang_command, start_router
+from testbed.scenario.external_run import join_record, with_router
+from testbed.scenario.openai_load import ClientView, PromptText
+from testbed.scenario.plan import RunOptions, RunPlan, RunResult
+from testbed.scenario.schema import load_scenario, scenario_from_data
+from testbed.services.spec import InstanceInfo
+from testbed.workload.generate import RequestSpec
+
+TINY = str(Path(__file__).resolve().parents[1] / "data" / "tiny.yaml")
+P = [InstanceInfo(id="prfaas-prefill-0", cluster="prfaas", role="prefill",
+                  url="http://127.0.0.1:4001")]  # fmt: skip
+D = [InstanceInfo(id="local-decode-0", cluster="local", role="decode", url="http://127.0.0.1:4002")]
+
+
+def test_the_preset_keeps_the_router_on_loopback_with_its_policy_and_flags() -> None:
+    cfg = ExternalRouterConfig(policy="round_robin", flags=["--retry-max-retries", "3"])
+    cmd = sglang_command(cfg, "/py", 9000, 9001, [("http://127.0.0.1:4001", 4001)],
+                         ["http://127.0.0.1:4002"])  # fmt: skip
+    assert cmd[:3] == ["/py", "-m", "sglang_router.launch_router"]  # the module, not a script
+    line = " ".join(cmd)
+    assert "--host 127.0.0.1 --port 9000" in line
+    assert "--prometheus-host 127.0.0.1 --prometheus-port 9001" in line
+    assert "--pd-disaggregation --prefill http://127.0.0.1:4001 4001 --decode" in line
+    assert "--policy round_robin" in line and "--health-check-interval-secs 2" in line
+    assert cmd[-2:] == ["--retry-max-retries", "3"]  # the scenario's flags last
+    assert "--policy cache_aware" in " ".join(sglang_command(ExternalRouterConfig(), "/py", 1,
+                                                             2, [], []))  # fmt: skip
+
+
+def test_a_policy_the_router_has_not_is_refused() -> None:
+    with pytest.raises(ValueError, match="no policy 'least-ttft'"):
+        ExternalRouterConfig(policy="least-ttft")
+
+
+def _fake_router(tmp_path: Path, body: str) -> str:
+    script = tmp_path / "fake-python"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script)
+
+
+async def test_a_missing_router_says_which_extra_to_install(tmp_path: Path) -> None:
+    cfg = ExternalRouterConfig(python=str(tmp_path / "no-such-python"))
+    with pytest.raises(UserError, match=r"pip install -e '\.\[routers\]'"):
+        await start_router(cfg, P, D, tmp_path)
+
+
+async def test_a_router_that_exits_is_one_line_with_its_stderr(tmp_path: Path) -> None:
+    cfg = ExternalRouterConfig(python=_fake_router(tmp_path, "echo 'bad flag --x' >&2; exit 3"))
+    with pytest.raises(UserError, match=r"exited with code 3: .*bad flag --x"):
+        await start_router(cfg, P, D, tmp_path)
+
+
+async def test_a_router_never_ready_is_stopped_after_ready_timeout(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    cfg = ExternalRouterConfig(
+        python=_fake_router(tmp_path, f"echo $$ > {pidfile}; echo starting >&2; exec sleep 60"),
+        ready_timeout=1.0,
+    )
+    with pytest.raises(UserError, match=r"not ready in 1s .*starting"):
+        await start_router(cfg, P, D, tmp_path)
+    pid = int(pidfile.read_text())
+    await asyncio.sleep(0.1)
+    with pytest.raises(ProcessLookupError):  # stopped: no process left behind
+        os.kill(pid, 0)
+
+
+def test_the_scenarios_router_section_is_read() -> None:
+    sc = load_scenario(Path(TINY))
+    assert sc.router is None
+    data = yaml.safe_load(Path(TINY).read_text())
+    data["router"] = {"kind": "external", "policy": "round_robin"}
+    got = scenario_from_data(data, Path(TINY))
+    assert got.router == ExternalRouterConfig(policy="round_robin")
+
+
+def test_router_option_puts_the_router_in_front_at_time_scale_1() -> None:
+    sc = load_scenario(Path(TINY))
+    got = with_router(sc, "sglang-router:round_robin", time_scale_set=False)
+    assert got.router is not None and got.router.policy == "round_robin"
+    assert got.scale.time_scale == 1.0 and sc.scale.time_scale == 20
+    assert with_router(sc, "sglang-router", time_scale_set=True).scale.time_scale == 20
+    with pytest.raises(UserError, match="--router sglang-router:nope: policy"):
+        with_router(sc, "sglang-router:nope", time_scale_set=False)
+
+
+def test_run_router_flag_runs_the_external_router(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    seen: list[RunPlan] = []
+
+    async def fake(rp: RunPlan, opts: RunOptions, progress: Any = None) -> RunResult:
+        seen.append(rp)
+        return RunResult(opts.out_dir, [], [], {}, [])
+
+    monkeypatch.setattr(external_run, "run_external", fake)
+    monkeypatch.setattr("testbed.cli.run.to_text", lambda summary: "summary")
+    args = ["run", TINY, "--quiet", "--out", str(tmp_path), "--router", "sglang-router"]
+    assert main(args) == 0
+    (rp,) = seen
+    assert rp.scenario.router is not None and rp.scenario.scale.time_scale == 1.0
+    assert main([*args[:-1], "sglang-router:nope"]) == 2
+    assert main([*args, "--substrate", "sim"]) == 2  # not silently our router on the sim
+
+
+def test_a_record_joins_the_clients_view_and_the_completed_attempt() -> None:
+    req = RequestSpec("r1", 1.0, 1000, 16)
+    view = ClientView(sent=1.0, first_token=1.5, last_token=2.0, tokens=16)
+    failed = {"side": "decode", "outcome": "failed", "instance": "local-decode-1"}
+    done = {"side": "decode", "outcome": "completed", "instance": "local-decode-0",
+            "cluster": "local", "route": "prfaas", "prefill_instance": "prfaas-prefill-0",
+            "prefill_start": 10.0, "transfer_end": 11.0, "kv_wire_bytes_expected": 5,
+            "kv_wire_bytes_sent": 5, "kv_wire_bytes_received": 5, "kv_verified": True}  # fmt: skip
+    prefill = {"side": "prefill", "outcome": "completed"}
+    rec = join_record(req, view, [failed, prefill, done], lambda t: t - 9.0)
+    assert (rec.status, rec.retries, rec.route, rec.cross_dc) == ("completed", 1, "prfaas", True)
+    assert (rec.prefill_instance, rec.decode_instance) == ("prfaas-prefill-0", "local-decode-0")
+    assert (rec.prefill_start, rec.transfer_end, rec.first_token) == (1.0, 2.0, 1.5)
+    assert rec.kv_verified and rec.kv_wire_bytes_received == 5 and rec.tokens_out == 16
+    # the client saw it complete, no completed attempt is on record: not verified
+    assert not join_record(req, view, [failed], lambda t: t).kv_verified
+    bad = ClientView(sent=1.0, error="router answered HTTP 503: Prefill server error")
+    rec = join_record(req, bad, [failed], lambda t: t)
+    assert (rec.status, rec.failure_reason) == ("failed", bad.error)
+
+
+def test_prompt_text_shares_blocks_by_hash_id() -> None:
+    text = PromptText()
+    a = text.prompt(RequestSpec("a", 0.0, 1100, 4, (7, 8, 9)))
+    b = text.prompt(RequestSpec("b", 0.0, 600, 4, (7, 5)))
+    assert a[: len(text.block(7, 512))] == b[: len(text.block(7, 512))]
+    assert a != b and len(text.words[0]) > 1
