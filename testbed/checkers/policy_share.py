@@ -10,8 +10,12 @@ a built-in policy has no fallback, so the check would only say 100%.
 
 Counted: records with `decided_by` set (a request never routed has none), as `policy` or
 `fallback`. Left out: decisions asked while a `scheduler-*` fault was in force, from its start
-to its end plus the time the end action took (a restart waits for the service to answer again):
-those faults exist to make the fallback decide (the `fallback` checker judges them). A record's
+to its end plus the time the end action took (a restart waits for the service to answer again)
+plus `settle` (default 10 s, real-world): those faults exist to make the fallback decide (the
+`fallback` checker judges them), and their aftermath is theirs too: answers a slowed proxy still
+holds drain after the fault's end, and a resumed service first works off the requests that
+queued while it was stopped (measured on burst at time_scale 10: late answers for 7 s of
+real-world time after a 200 ms `scheduler-slow` ended). A record's
 arrival stands for the time its decision was asked: it is asked on arrival, and a re-route after
 a failed attempt comes within seconds of it. Vacuous when no decision is left to judge.
 
@@ -31,8 +35,10 @@ from pydantic import Field
 from testbed.checkers.base import CheckerConfig, CheckInput, checker
 from testbed.checkers.history import fault_windows
 from testbed.checkers.result import CheckResult, vacuous
+from testbed.config import Duration
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.nemesis import ACTIONS
+from testbed.policy.decider import fallback_kind
 
 __all__ = [
     "DEFAULT_MIN_SHARE",
@@ -46,6 +52,8 @@ __all__ = [
 DEFAULT_MIN_SHARE = 0.99
 """The share of decisions the policy under test must make itself, by default (the checker's
 `min`, the scorecard's `--min-policy-share`)."""
+DEFAULT_SETTLE_S = 10.0
+"""Real-world seconds after a scheduler fault's end that are still the fault's (`settle`)."""
 
 
 class PolicyShareCheck(CheckerConfig):
@@ -55,6 +63,10 @@ class PolicyShareCheck(CheckerConfig):
         ge=0,
         le=1,
         description="the least share of decisions the policy must make itself (not its fallback)",
+    )
+    settle: Duration = Field(
+        DEFAULT_SETTLE_S,
+        description="after a scheduler-* fault ends, how long its aftermath is left out too",
     )
 
 
@@ -101,9 +113,12 @@ class Share:
         )
 
 
-def scheduler_fault_windows(history: Sequence[HistoryEvent]) -> list[tuple[float, float]]:
+def scheduler_fault_windows(
+    history: Sequence[HistoryEvent], settle_s: float = DEFAULT_SETTLE_S
+) -> list[tuple[float, float]]:
     """(start, end) of every applied `scheduler-*` fault, the end pushed back by the time its
-    end action took (`took_s`: a restarted service is back only once it answers)."""
+    end action took (`took_s`: a restarted service is back only once it answers) and by
+    `settle_s` (its aftermath)."""
     took = {
         (e.data.get("action"), e.t): float(e.data.get("took_s") or 0.0)
         for e in history
@@ -113,13 +128,20 @@ def scheduler_fault_windows(history: Sequence[HistoryEvent]) -> list[tuple[float
     for action in ACTIONS:
         if action.startswith("scheduler-"):
             for start, end, _ in fault_windows(history, action):
-                out.append((start, end if math.isinf(end) else end + took.get((action, end), 0.0)))
+                if not math.isinf(end):
+                    end += took.get((action, end), 0.0) + settle_s
+                out.append((start, end))
     return out
 
 
-def policy_share(records: Sequence[RequestRecord], history: Sequence[HistoryEvent]) -> Share:
-    """Who decided the routes of `records`, decisions during scheduler faults left out."""
-    windows = scheduler_fault_windows(history)
+def policy_share(
+    records: Sequence[RequestRecord],
+    history: Sequence[HistoryEvent],
+    settle_s: float = DEFAULT_SETTLE_S,
+) -> Share:
+    """Who decided the routes of `records`, decisions during scheduler faults (and `settle_s`
+    after each) left out."""
+    windows = scheduler_fault_windows(history, settle_s)
     by: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
     left_out = 0
@@ -131,7 +153,7 @@ def policy_share(records: Sequence[RequestRecord], history: Sequence[HistoryEven
             continue
         by[r.decided_by] += 1
         if r.decided_by == "fallback":
-            reasons[(r.fallback_reason or "error").split(":", 1)[0].strip()] += 1
+            reasons[fallback_kind(r.fallback_reason or "error")] += 1
     return Share(by["policy"], by["fallback"], dict(sorted(reasons.items())), left_out)
 
 
@@ -143,7 +165,7 @@ def reasons_text(reasons: Mapping[str, int]) -> str:
 
 @checker(PolicyShareCheck)
 def check_policy_share(cfg: PolicyShareCheck, run: CheckInput) -> CheckResult:
-    s = policy_share(run.records, run.history)
+    s = policy_share(run.records, run.history, cfg.settle)
     name = "policy_share"
     out = f"; {s.left_out} asked during scheduler faults left out" if s.left_out else ""
     if s.share is None:

@@ -97,14 +97,15 @@ def write_results(
     )
     summary["link"]["shaper"] = rp.deployment.link.shaper if rp.deployment.prfaas else None
     summary["checks"] = [c.to_json() for c in checks]
-    write_timeline(
-        out / "timeline.png",
-        records,
-        history,
-        title=f"{sc.name} ({rp.policy})",
-        ttft_slo_s=sc.slo.ttft,
-        outside=outside_policy(summary["decisions"]),
-    )
+    if opts.timeline:
+        write_timeline(
+            out / "timeline.png",
+            records,
+            history,
+            title=f"{sc.name} ({rp.policy})",
+            ttft_slo_s=sc.slo.ttft,
+            outside=outside_policy(summary["decisions"]),
+        )
     end = time.perf_counter()
     summary["wall"] = {
         "simulate_s": simulate_s,

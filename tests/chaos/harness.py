@@ -18,6 +18,7 @@ from testbed.scenario.plan import RunOptions, RunResult, prepare_run
 from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import Scenario, load_scenario
 from testbed.scenario.short import SHORT_DEPLOYMENT, short_variant
+from testbed.scenario.sim_run import run_sim
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios"
@@ -43,7 +44,15 @@ def chaos_variant(name: str, **updates: object) -> Scenario:
 async def run_variant(
     sc: Scenario, out: Path, *, policy: str | None = None, duration_s: float | None = None
 ) -> RunResult:
-    opts = RunOptions(
-        out_dir=out, progress=False, policy=policy, duration_s=duration_s, drain_timeout_s=60
-    )
+    """A live run of `sc` on the local substrate (timeline.png not drawn: about 1 s a run, and
+    tests/metrics draws it)."""
+    opts = RunOptions(out_dir=out, progress=False, policy=policy, duration_s=duration_s,
+                      drain_timeout_s=60, timeline=False)  # fmt: skip
     return await run_scenario(prepare_run(sc, opts), opts)
+
+
+def run_sim_variant(sc: Scenario, out: Path, *, policy: str | None = None) -> RunResult:
+    """The same on the sim substrate: the chaos suite's sim leg."""
+    opts = RunOptions(substrate="sim", out_dir=out, progress=False, policy=policy,
+                      drain_timeout_s=30, timeline=False)  # fmt: skip
+    return run_sim(prepare_run(sc, opts), opts)

@@ -2,13 +2,18 @@
 
 Live (marker chaos):
 
-- every scenario of the library, on a deployment that cannot serve (every prefill fails at
-  once: the test-only ServiceSpec switch `unsafe_fail_prefill`), fails its own checkers:
-  `failures` fails, and none of its other checkers passes (each fails, or is vacuous because
-  nothing completed). The built-ins cannot catch this alone: every request ends failed with a
-  reason, so nothing is lost. These runs keep each scenario's workload, timeline and checkers
-  but play at time_scale 40 (twice the library's short versions): a deployment that serves
-  nothing needs no timing fidelity.
+- a deployment that cannot serve (every prefill fails at once: the test-only ServiceSpec switch
+  `unsafe_fail_prefill`) fails the scenario's own checkers: `failures` fails, and none of its
+  other checkers passes (each fails, or is vacuous because nothing completed). The built-ins
+  cannot catch this alone: every request ends failed with a reason, so nothing is lost. Live,
+  on one scenario per kind of checker the library has (`LIVE_BROKEN`: a latency ratio during a
+  fault, re-routing after a kill and after a partition, throughput, TPOT); on the sim, every
+  scenario of the library (a prefill that fails every job at once, the same broken deployment
+  in virtual time). The checkers themselves are also shown failing on every library scenario's
+  hand-made all-failed records (test_checkers_scenario.py), so the live leg pays for the live
+  path once per kind, not once per scenario (#31). The live runs keep each scenario's workload,
+  timeline and checkers but play at time_scale 40 (twice the library's short versions): a
+  deployment that serves nothing needs no timing fidelity.
 - a decode that skips KV verification (the test-only ServiceSpec switch
   `unsafe_skip_kv_verify`) fails no_unverified_decode and kv_accounted;
 - a policy that ignores link state and length (`naive`, everything across the link) fails
@@ -26,8 +31,18 @@ import pytest
 
 from testbed.config import ScaleConfig
 from testbed.scenario import runner
+from testbed.scenario.plan import RunResult
+from testbed.scenario.schema import Scenario, load_scenario
 from testbed.services.spec import ServiceSpec
-from tests.chaos.harness import LIBRARY, TORCH_SCENARIOS, chaos_variant, run_variant
+from testbed.sim.instances import PrefillJob, SimPrefill
+from tests.chaos.harness import (
+    LIBRARY,
+    SCENARIOS,
+    TORCH_SCENARIOS,
+    chaos_variant,
+    run_sim_variant,
+    run_variant,
+)
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 
@@ -46,7 +61,19 @@ def _break_specs(monkeypatch: pytest.MonkeyPatch, **fields: object) -> None:
     monkeypatch.setattr(runner._Run, "_spec", broken_spec)
 
 
-@pytest.mark.parametrize("name", [n for n in LIBRARY if n not in TORCH_SCENARIOS])
+LIVE_BROKEN = ("bandwidth-drop", "prefill-crash", "partition", "paper", "jitter")
+"""One scenario per kind of checker in the library: ttft ratio + recover, reroute after a kill,
+reroute after a partition, throughput, tpot (with failures and ttft bounds in most)."""
+
+
+def test_live_broken_variants_cover_every_checker_kind() -> None:
+    kinds = {c.check for n in LIBRARY if n not in TORCH_SCENARIOS
+             for c in load_scenario(SCENARIOS / f"{n}.yaml").checkers}  # fmt: skip
+    live = {c.check for n in LIVE_BROKEN for c in load_scenario(SCENARIOS / f"{n}.yaml").checkers}
+    assert live == kinds
+
+
+@pytest.mark.parametrize("name", LIVE_BROKEN)
 async def test_a_deployment_that_cannot_serve_fails_the_scenario_checkers(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -55,6 +82,23 @@ async def test_a_deployment_that_cannot_serve_fails_the_scenario_checkers(
     _break_specs(monkeypatch, unsafe_fail_prefill=True, kv_timeout_s=1.0)
     sc = chaos_variant(name, scale=BROKEN_SCALE)
     result = await run_variant(sc, tmp_path)
+    assert_cannot_serve(sc, result)
+
+
+@pytest.mark.parametrize("name", [n for n in LIBRARY if n not in TORCH_SCENARIOS])
+def test_a_deployment_that_cannot_serve_fails_the_scenario_checkers_on_sim(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail_at_once(self: SimPrefill, job: PrefillJob) -> None:
+        job.done = True
+        self.loop.call_soon(job.on_fail, "prefill failed (broken variant)")
+
+    monkeypatch.setattr(SimPrefill, "submit", fail_at_once)
+    sc = load_scenario(SCENARIOS / f"{name}.yaml")
+    assert_cannot_serve(sc, run_sim_variant(sc, tmp_path))
+
+
+def assert_cannot_serve(sc: Scenario, result: RunResult) -> None:
     shown = [(c.name, c.verdict, c.detail) for c in result.checks]
     own = result.checks[len(result.checks) - len(sc.checkers) :]  # the scenario's own
     verdicts = {c.name: c.verdict for c in own}

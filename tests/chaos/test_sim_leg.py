@@ -20,19 +20,17 @@ import pytest
 from testbed.config import DeploymentKind
 from testbed.policy import POLICIES
 from testbed.policy.base import RequestView, Route, Snapshot, least_loaded
-from testbed.scenario.plan import RunOptions, RunResult, prepare_run
+from testbed.scenario.plan import RunResult
 from testbed.scenario.schema import Scenario, load_scenario
-from testbed.scenario.sim_run import run_sim
 from testbed.sim.dispatch import SimDispatcher
 from testbed.sim.instances import SimDecode
-from tests.chaos.harness import LIBRARY, SCENARIOS, TORCH_SCENARIOS
+from tests.chaos.harness import LIBRARY, SCENARIOS, TORCH_SCENARIOS, run_sim_variant
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(120)]
 
 
 def _sim(sc: Scenario, out: Path, policy: str | None = None) -> RunResult:
-    opts = RunOptions(substrate="sim", out_dir=out, policy=policy, drain_timeout_s=30)
-    return run_sim(prepare_run(sc, opts), opts)
+    return run_sim_variant(sc, out, policy=policy)
 
 
 def _shown(result: RunResult) -> list[tuple[str, str, str]]:

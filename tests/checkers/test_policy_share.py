@@ -60,8 +60,7 @@ def test_the_share_fails_under_min_and_names_the_fallbacks_by_kind() -> None:
     res = judge(records)
     assert res.verdict == "failed" and res.failed and not res.ok
     assert res.detail == (
-        "the policy decided 97 of 100 (97.0%, at least 99.0%); by the fallback 3 "
-        "(status 2, late 1)"
+        "the policy decided 97 of 100 (97.0%, at least 99.0%); by the fallback 3 (status 2, late 1)"
     )
     assert judge(records, min=0.9).verdict == "ok"  # `min` is the scenario's to set
     assert judge(records[:97]).verdict == "ok"
@@ -81,9 +80,9 @@ def test_decisions_during_scheduler_faults_are_left_out() -> None:
                fault(30.0, "bandwidth", "start"), fault(40.0, "bandwidth", "end")]  # fmt: skip
     records = [rec(i, float(i), "fallback" if 10 <= i < 25 else "policy", "unreachable: x")
                for i in range(50)]  # fmt: skip
-    share = policy_share(records, history)
+    share = policy_share(records, history, settle_s=0.0)
     assert (share.policy, share.fallback, share.left_out) == (35, 0, 15)
-    res = judge(records, history)
+    res = judge(records, history, settle=0.0)
     assert res.verdict == "ok", res.detail
     assert "15 asked during scheduler faults left out" in res.detail
     # without the fault, the same records fail; a link fault is no excuse
@@ -131,3 +130,17 @@ def test_a_service_answering_500_fails_the_run_on_the_sim(tmp_path: Path) -> Non
     assert checks["nothing_lost"].verdict == "ok"  # the fallback lost nothing
     assert not result.ok and result.exit_code == 1
     assert CHECKERS["policy_share"].config is PolicyShareCheck
+
+
+def test_a_faults_aftermath_is_left_out_for_settle_after_its_end() -> None:
+    """A slowed proxy still holds answers after `scheduler-slow` ends, and a resumed service
+    first works off what queued while it was stopped: `settle` (default 10 s) after the end is
+    still the fault's; a fallback later than that counts against the policy."""
+    history = [fault(10.0, "scheduler-slow", "start"), fault(20.0, "scheduler-slow", "end")]
+    records = [rec(i, float(i), "fallback" if 10 <= i < 27 else "policy", "late: x")
+               for i in range(100)]  # fmt: skip
+    assert judge(records, history).verdict == "ok"  # 20-27 s: the aftermath, within 10 s
+    assert policy_share(records, history).left_out == 20  # 10-30 s
+    strict = judge(records, history, settle=0.0)
+    assert strict.verdict == "failed" and "late 7" in strict.detail
+    assert judge(records, history, settle="5s").verdict == "failed"  # 25-27 s are past it

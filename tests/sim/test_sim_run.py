@@ -85,6 +85,24 @@ def test_summary_says_sim_and_where_the_wall_time_went(
         assert (out / name).stat().st_size > 0
 
 
+def test_timeline_off_writes_every_other_file_and_no_image(tmp_path: Path) -> None:
+    """RunOptions.timeline=False (the test suite's runs): no timeline.png, and a report that
+    does not embed one; the same requests.jsonl and summary figures as a run that draws it."""
+    sc = load_scenario(SCENARIOS / "burst.yaml")
+    runs = {}
+    for draw in (True, False):
+        out = tmp_path / str(draw)
+        opts = RunOptions(substrate="sim", out_dir=out, progress=False, timeline=draw)
+        result = run_sim(prepare_run(sc, opts), opts)
+        runs[draw] = (out, result)
+    (drawn, a), (bare, b) = runs[True], runs[False]
+    assert (drawn / "timeline.png").exists() and not (bare / "timeline.png").exists()
+    assert "## Timeline" in (drawn / "report.md").read_text()
+    assert "## Timeline" not in (bare / "report.md").read_text()
+    assert (drawn / "requests.jsonl").read_bytes() == (bare / "requests.jsonl").read_bytes()
+    assert a.summary["ttft_s"] == b.summary["ttft_s"]
+
+
 def test_event_count_grows_with_requests_not_tokens(tmp_path: Path) -> None:
     """Ten times the output tokens, about the same number of timers per request."""
     sc = load_scenario(SCENARIOS / "paper.yaml")
