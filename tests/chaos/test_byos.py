@@ -2,9 +2,9 @@
 
 The example scheduler (examples/least-ttft) runs every short scenario of the chaos suite in both
 of its forms, the Python plugin and the HTTP service: one form live and the other on the sim,
-alternating along the library (`FORMS`; traffic-shift, the longest and faultless, runs both on
-the sim: `SIM_ONLY`), so each (scenario, form) pair runs once and the live leg pays for one run
-per scenario at most (#31: the live runs of both forms were half of `make chaos`).
+alternating along the library (`FORMS`; the scenarios without faults but burst run both on the
+sim: `SIM_ONLY`), so each (scenario, form) pair runs once and the live leg pays for one run per
+faulted scenario (#31: the live runs of both forms were half of `make chaos`).
 The live form exercises the router's side of the form (the aiohttp client, the plugin loaded
 in the router process); the sim form the blocking client and the same Decider. A scenario that
 owns the service (`policy.command`) kills, pauses and slows it mid-run: nothing is lost, and the
@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 
 from testbed.scenario.plan import RunResult
-from testbed.scenario.schema import Scenario
+from testbed.scenario.schema import Scenario, load_scenario
 from tests.chaos.harness import (
     LIBRARY,
+    ROOT,
     TORCH_SCENARIOS,
     chaos_variant,
     run_sim_variant,
@@ -58,9 +59,15 @@ def with_changes(sc: Scenario, **changes: Any) -> Scenario:
 
 
 SCENARIOS = [n for n in LIBRARY if n not in TORCH_SCENARIOS]
-SIM_ONLY = frozenset({"traffic-shift"})
-"""Both forms on the sim only: 600 s of real-world time is 30 s of wall time live per form, it
-has no fault for the example to route around, and test_library.py runs it live."""
+SIM_ONLY = frozenset(
+    n
+    for n in SCENARIOS
+    if n != "burst" and not load_scenario(ROOT / "scenarios" / f"{n}.yaml").nemesis
+)
+"""Both forms on the sim only: the scenarios without a fault for the example to route around
+(custom-profile, mooncake-trace, paper, thesis, traffic-shift: its 600 s were 30 s of wall
+time live per form), which test_library.py runs live with the built-in policies; burst, the
+main scenario, keeps a live form, and so does every scenario with faults."""
 LIVE = [n for n in SCENARIOS if n not in SIM_ONLY]
 FORMS = {name: ("plugin", "http")[i % 2] for i, name in enumerate(LIVE)}
 """The form each scenario runs live; the other one runs on the sim (every pair runs once)."""

@@ -12,6 +12,7 @@ from testbed.config import DeploymentConfig, LongTermConfig, ScaleConfig
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import load_scenario
+from testbed.scenario.sim_run import run_sim
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -67,12 +68,22 @@ async def test_shift_to_long_prompts_converts_decode_to_prefill(tmp_path: Path) 
     assert act and act[0].t > 100.0
 
 
-async def test_without_the_long_term_loop_the_split_stays(tmp_path: Path) -> None:
-    rp, result = await _run("prfaas-nolongterm", tmp_path)
-    assert all(r.status == "completed" for r in result.records)
-    assert not [e for e in result.history if e.kind in ("split", "switched", "drain")]
-    used = {r.prefill_instance for r in result.records if r.route == "local"}
-    assert used <= {f"local-prefill-{i}" for i in range(rp.n_prefill)}
+def test_without_the_long_term_loop_the_split_stays(tmp_path: Path) -> None:
+    """The negative control, on the sim (the same control loops in virtual time; #31 moved it
+    off the live leg, where the positive case above runs): without the long-term loop nothing
+    splits, switches or drains, and local prefills stay on the PD-P instances; with it, the
+    same run on the sim does split (so this control can fail)."""
+    for policy, converts in (("prfaas-nolongterm", False), ("prfaas", True)):
+        opts = RunOptions(substrate="sim", out_dir=tmp_path / policy, progress=False,
+                          drain_timeout_s=90, timeline=False)  # fmt: skip
+        rp = prepare_run(_scenario(policy), opts)
+        result = run_sim(rp, opts)
+        assert all(r.status == "completed" for r in result.records), policy
+        moved = [e for e in result.history if e.kind in ("split", "switched", "drain")]
+        assert bool(moved) == converts, (policy, moved[:3])
+        if not converts:
+            used = {r.prefill_instance for r in result.records if r.route == "local"}
+            assert used <= {f"local-prefill-{i}" for i in range(rp.n_prefill)}
 
 
 async def test_role_switch_refuses_work_for_the_inactive_role(tmp_path: Path) -> None:

@@ -40,13 +40,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 async def test_real_model_scenario_is_token_exact_with_remote_prefill(tmp_path: Path) -> None:
     scenario = load_scenario(ROOT / "scenarios" / "real-model.yaml")
-    opts = RunOptions(out_dir=tmp_path, progress=False, duration_s=8.0)
+    opts = RunOptions(out_dir=tmp_path, progress=False, duration_s=8.0, timeline=False)
     rp = prepare_run(scenario, opts)
     assert rp.deployment.engine == "torch" and len(rp.requests) >= 4
     result = await run_scenario(rp, opts)
     checks = {c.name: c for c in result.checks}
     assert all(c.ok for c in result.checks), [(c.name, c.detail) for c in result.checks]
     assert "token_exact" in checks and "failures" in checks
+    assert {"nothing_lost", "kv_accounted", "no_unverified_decode", "generator_count"} <= set(checks)
+    req = result.summary["requests"]
+    assert req["submitted"] == req["completed"] + req["failed"] == len(result.records) > 0
     completed = [r for r in result.records if r.status == "completed"]
     assert len(completed) == len(rp.requests)
     # independent of the checker: recompute each reference here
