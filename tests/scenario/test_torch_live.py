@@ -47,7 +47,8 @@ async def test_real_model_scenario_is_token_exact_with_remote_prefill(tmp_path: 
     checks = {c.name: c for c in result.checks}
     assert all(c.ok for c in result.checks), [(c.name, c.detail) for c in result.checks]
     assert "token_exact" in checks and "failures" in checks
-    assert {"nothing_lost", "kv_accounted", "no_unverified_decode", "generator_count"} <= set(checks)
+    invariants = {"nothing_lost", "kv_accounted", "no_unverified_decode", "generator_count"}
+    assert invariants <= set(checks)
     req = result.summary["requests"]
     assert req["submitted"] == req["completed"] + req["failed"] == len(result.records) > 0
     completed = [r for r in result.records if r.status == "completed"]
