@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Clock", "LiveClock", "Scale"]
+__all__ = ["Clock", "LiveClock", "Scale", "until_due"]
 
 
 class Clock(Protocol):
@@ -172,3 +172,16 @@ class Scale:
 
     def real_bytes(self, wire_bytes: float) -> float:
         return wire_bytes * self.byte_scale
+
+
+async def until_due(clock: Clock, real_t: float, stop: asyncio.Event) -> bool:
+    """Wait (wall-clock) until the real-world instant `real_t`; False if `stop` was set first
+    or by then, so a load generator does not submit a request the run no longer wants."""
+    delay = clock.wall_until(real_t)
+    if delay > 0:
+        try:
+            await asyncio.wait_for(stop.wait(), delay)
+            return False
+        except TimeoutError:
+            pass
+    return not stop.is_set()

@@ -34,12 +34,7 @@ def check_plans(
     arrivals = scenario.workload.arrivals
     shift = scenario.workload.shift
     for plan in plans.values():
-        if arrivals.rate is not None:
-            rate: float | None = arrivals.rate
-        elif arrivals.load is not None:
-            rate = arrivals.load * plan.lambda_max_rps
-        else:
-            rate = None
+        rate = arrivals.rate_for(plan.lambda_max_rps)
         shift_rate = shift.rate if shift is not None else None
         check_request_count(scenario, rate, shift_rate, scenario.duration, max_requests)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.cli.progress import ProgressDisplay
+from testbed.cli.verify import positive_int
 from testbed.clock import LiveClock
 from testbed.config.limits import DEFAULT_MAX_REQUESTS
 from testbed.errors import UserError
@@ -60,22 +61,12 @@ def add_percentiles(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return v
-
-
 def add_max_requests(p: argparse.ArgumentParser) -> None:
     """`--max-requests N` (run and plan): the cap on the requests a run plans, raised or
     lowered for those who mean it (docs/failures.md, "Limits")."""
     p.add_argument(
         "--max-requests",
-        type=_count,
+        type=positive_int,
         metavar="N",
         help=f"the most requests the run may plan (default {DEFAULT_MAX_REQUESTS:,}; a "
         "scenario that plans more is refused before anything is allocated)",

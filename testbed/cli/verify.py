@@ -16,7 +16,8 @@ from testbed.errors import UserError
 from testbed.units import UnitError, parse_bandwidth, parse_duration
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (a count), else one line naming the value."""
     try:
         v = int(text)
     except ValueError:
@@ -90,10 +91,10 @@ def add_parser(sub: Any) -> None:
         "prefix-cache hit, a connection cut mid-transfer (retried) and a flipped byte (caught "
         "by the checksum). Exit code 0 only if everything is exact.",
     )
-    p.add_argument("--prompts", type=_positive_int, default=50, help="random prompts (50)")
+    p.add_argument("--prompts", type=positive_int, default=50, help="random prompts (50)")
     p.add_argument("--seed", type=int, default=0, help="prompts, weights and link jitter (0)")
     p.add_argument(
-        "--max-new-tokens", type=_positive_int, default=8, help="tokens generated per prompt (8)"
+        "--max-new-tokens", type=positive_int, default=8, help="tokens generated per prompt (8)"
     )
     p.add_argument("--bandwidth", default="160Mbps", help="link cap, shared (160Mbps)")
     p.add_argument("--latency", default="5ms", help="one-way link latency (5ms)")

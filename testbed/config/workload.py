@@ -105,6 +105,13 @@ class ArrivalsConfig(StrictModel):
     on_duration: PositiveDuration = 10.0
     off_duration: PositiveDuration = 10.0
 
+    def rate_for(self, lambda_max_rps: float) -> float | None:
+        """The offered rate (requests/s) on a deployment whose optimum is `lambda_max_rps`:
+        `rate`, else `load` x lambda_max; None for a trace that sets its own times."""
+        if self.rate is not None:
+            return self.rate
+        return None if self.load is None else self.load * lambda_max_rps
+
     @model_validator(mode="after")
     def _one_rate(self) -> ArrivalsConfig:
         if self.process != "trace" and (self.rate is None) == (self.load is None):

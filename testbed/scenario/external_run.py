@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
+from testbed.clock import until_due
 from testbed.config.router import ExternalRouterConfig
 from testbed.errors import UserError
 from testbed.metrics.records import HistoryEvent, RequestRecord
@@ -158,15 +159,8 @@ class ExternalRun(_Run):
 
     async def _one(self, session: aiohttp.ClientSession, req: RequestSpec) -> None:
         assert self.process is not None
-        delay = self.clock.wall_until(req.arrival)
-        if delay > 0:
-            try:
-                await asyncio.wait_for(self.stop.wait(), delay)
-                return  # stopped before this request was due: never submitted
-            except TimeoutError:
-                pass
-        if self.stop.is_set():
-            return
+        if not await until_due(self.clock, req.arrival, self.stop):
+            return  # stopped before this request was due: never submitted
         self.submitted.append(req.id)
         self.requests[req.id] = req
         body = request_body(req, self.prompts.prompt(req), self.rp.deployment.model)

@@ -245,13 +245,7 @@ def _prepare(scenario: Scenario, opts: RunOptions) -> RunPlan:
         threshold = plan.threshold_tokens if t == "auto" else float(t)
     else:
         threshold = None
-    arrivals = scenario.workload.arrivals
-    if arrivals.rate is not None:
-        rate: float | None = arrivals.rate
-    elif arrivals.load is not None:
-        rate = arrivals.load * plan.lambda_max_rps
-    else:
-        rate = None
+    rate = scenario.workload.arrivals.rate_for(plan.lambda_max_rps)
     duration = opts.duration_s if opts.duration_s is not None else scenario.duration
     # Before any process starts: a fault or a checker this run cannot exercise is an error now,
     # not two failed (or vacuous) checkers afterwards.

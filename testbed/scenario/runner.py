@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from testbed.clock import LiveClock
+from testbed.clock import LiveClock, until_due
 from testbed.kvcache.manager import cluster_capacities
 from testbed.link.deployment import LinkSetup
 from testbed.metrics.files import Journal, write_jsonl_atomic
@@ -255,15 +255,8 @@ class _Run:
 
     async def _one(self, session: aiohttp.ClientSession, req: RequestSpec) -> None:
         assert self.router is not None
-        delay = self.clock.wall_until(req.arrival)
-        if delay > 0:
-            try:
-                await asyncio.wait_for(self.stop.wait(), delay)
-                return  # stopped before this request was due: never submitted
-            except TimeoutError:
-                pass
-        if self.stop.is_set():
-            return
+        if not await until_due(self.clock, req.arrival, self.stop):
+            return  # stopped before this request was due: never submitted
         self.submitted.append(req.id)
         body: dict[str, Any] = {
             "id": req.id,

@@ -33,6 +33,7 @@ __all__ = [
     "NO_TARGETS_STATUS",
     "KVTargets",
     "deployment_targets",
+    "kv_address",
     "parse_targets",
     "post_targets",
     "targets_handler",
@@ -134,3 +135,14 @@ def deployment_targets(instances: Iterable[InstanceInfo]) -> list[Target]:
         if i.kv_link_host is not None and i.kv_link_port is not None:
             out.add((i.kv_link_host, i.kv_link_port))
     return sorted(out)
+
+
+def kv_address(prefill_cluster: str, decode: InstanceInfo) -> tuple[str, int] | None:
+    """Where a prefill in `prefill_cluster` sends a decode instance's KV: through the link when
+    the clusters differ, else straight to its KV port; None if the instance has no such address.
+    One rule per attempt for our router's dispatch and the router-facing API's prefill half."""
+    if prefill_cluster != decode.cluster:
+        host, port = decode.kv_link_host, decode.kv_link_port
+    else:
+        host, port = decode.kv_host, decode.kv_port
+    return None if host is None or port is None else (host, port)

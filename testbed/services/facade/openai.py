@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from testbed.services import openai_doc
 from testbed.services.validate import int_field
 
 __all__ = [
@@ -139,18 +140,6 @@ async def parse_request(
     )
 
 
-def _choice(req: FacadeRequest, text: str, finish: str | None, first: bool) -> dict[str, Any]:
-    if not req.chat:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-    if req.stream:
-        delta: dict[str, Any] = {"content": text}
-        if first:
-            delta["role"] = "assistant"
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-    msg = {"role": "assistant", "content": text}
-    return {"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}
-
-
 def completion_doc(
     req: FacadeRequest,
     cid: str,
@@ -170,7 +159,9 @@ def completion_doc(
         "object": kind,
         "created": int(time.time()),
         "model": req.model,
-        "choices": [] if text is None else [_choice(req, text, finish, first)],
+        "choices": []
+        if text is None
+        else [openai_doc.choice(req.chat, req.stream, text, finish, first)],
     }
     if usage is not None:
         doc["usage"] = {

@@ -5,14 +5,14 @@ The gateway sends the same request to a prefill and a decode worker at once, wit
 `bootstrap_room` (a random 63-bit integer) and the prefill's bootstrap address. The prefill half
 queues the prompt at once (services.prefilling: the FIFO our router's prefills use); its
 transfer waits until the room's decode has registered, then sends the KV layer by layer (the
-layers computed meanwhile are queued, none is lost). The decode half registers with
-`POST /bootstrap/{room}`: its instance id, the wire id its receiver expects and the KV size; the
+layers computed meanwhile are queued, none is lost). The decode half registers with `POST
+/bootstrap/{room}`: its instance id, the wire id its receiver expects and the KV size; the
 prefill sends to that instance's direct KV port, or through the link when the clusters differ
-(`kv_address`, from the deployment's table in ServiceSpec.facade_decodes; checked against the
-KV targets as every send is). The registration is a long poll: it is answered when the room's
-prefill has ended, with its outcome (times, bytes sent, or the error), so a decode half learns
-at once that its KV will never come, and a prefill that dies breaks the connection, which tells
-it the same.
+(kv_targets.kv_address, our router's rule, from the deployment's table in
+ServiceSpec.facade_decodes; checked against the KV targets as every send is). The registration
+is a long poll: it is answered when the room's prefill has ended, with its outcome (times, bytes
+sent, or the error), so a decode half learns at once that its KV will never come, and a prefill
+that dies breaks the connection, which tells it the same.
 
 The prefill half answers the gateway when the KV is acknowledged (an empty completion), or a
 503 with the reason when it failed: the gateway retries a 503 with a new room.
@@ -40,28 +40,18 @@ from testbed.services.facade.openai import (
 )
 from testbed.services.facade.text import check_engine, codec
 from testbed.services.kv_expect import EXPECT_GRACE_S, REGISTER_TIMEOUT_S
+from testbed.services.kv_targets import kv_address
 from testbed.services.prefilling import PrefillJob, PrefillState
 from testbed.services.spec import InstanceInfo
 from testbed.services.validate import int_field, json_body, str_field
 
-__all__ = ["FACADE", "MAX_ROOMS", "PrefillFacade", "Registration", "Rooms", "add_prefill_routes",
-           "kv_address"]  # fmt: skip
+__all__ = ["FACADE", "MAX_ROOMS", "PrefillFacade", "Registration", "Rooms", "add_prefill_routes"]
 
 MAX_ROOMS: Final = 65536
 """Rooms a prefill half tracks at once (a room lives from its first half until its outcome is
 read, or its deadline)."""
 
 _TIMES = ("prefill_start", "prefill_end", "transfer_start", "transfer_end")
-
-
-def kv_address(prefill_cluster: str, decode: InstanceInfo) -> tuple[str, int] | None:
-    """Where a prefill in `prefill_cluster` sends a decode instance's KV: through the link when
-    the clusters differ, else straight to its KV port (our router's choice, per attempt)."""
-    if prefill_cluster != decode.cluster:
-        host, port = decode.kv_link_host, decode.kv_link_port
-    else:
-        host, port = decode.kv_host, decode.kv_port
-    return None if host is None or port is None else (host, port)
 
 
 @dataclass(frozen=True)

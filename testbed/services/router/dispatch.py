@@ -32,7 +32,7 @@ from testbed.scheduler.cluster import Role, SenderCounters
 from testbed.scheduler.loops import ControlLoops
 from testbed.scheduler.state import SchedulerState
 from testbed.services.kv_expect import REGISTER_TIMEOUT_S
-from testbed.services.kv_targets import deployment_targets
+from testbed.services.kv_targets import deployment_targets, kv_address
 from testbed.services.pd import DECODE_PREFIX, PREFILL_PREFIX
 from testbed.services.router.engines import engine_requests
 from testbed.services.router.errors import (
@@ -338,11 +338,8 @@ class RouterState:
         rec.kv_wire_bytes_sent = rec.kv_wire_bytes_received = 0
         if rec.tokens_out == 0:  # tokens already streamed came from an earlier attempt's KV
             rec.kv_verified = False
-        if rec.cross_dc:
-            kv = (decode.kv_link_host, decode.kv_link_port)
-        else:
-            kv = (decode.kv_host, decode.kv_port)
-        if kv[0] is None or kv[1] is None:
+        kv = kv_address(prefill.cluster, decode)
+        if kv is None:
             raise RequestError(f"decode instance {decode.id} has no KV address")
         # Each attempt travels under its own unguessable wire id (transfer/capability.py), the
         # capability only this decode and this prefill are handed; records keep rec.id.

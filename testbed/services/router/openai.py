@@ -25,6 +25,7 @@ import aiohttp
 from aiohttp import web
 
 from testbed.metrics.records import RequestRecord
+from testbed.services import openai_doc
 from testbed.services.router.dispatch import RouterState
 from testbed.services.router.intake import (
     STATE,
@@ -126,15 +127,7 @@ class _Call:
         }
 
     def choice(self, text: str, finish: str | None, first: bool = False) -> dict[str, Any]:
-        if not self.chat:
-            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        if self.stream:
-            delta: dict[str, Any] = {"content": text}
-            if first:
-                delta["role"] = "assistant"
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        msg = {"role": "assistant", "content": text}
-        return {"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}
+        return openai_doc.choice(self.chat, self.stream, text, finish, first)
 
     async def run(
         self,

@@ -20,8 +20,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from testbed.services.decode import STATE as DECODE_STATE
 from testbed.services.decode import create_app as decode_app
-from testbed.services.facade.rooms import kv_address
 from testbed.services.facade.text import tokenizer_dir
+from testbed.services.kv_targets import kv_address
 from testbed.services.prefill import create_app as prefill_app
 from testbed.services.spec import InstanceInfo, ServiceSpec
 
