@@ -181,9 +181,10 @@ class Decider:
             None if adecide is None else _auntimed(adecide)
         )
         self._on_complete = getattr(policy, "on_complete", None)
-        self.answer_walls: list[float] = []
-        """Send-to-answer seconds of every decision that had one (the sim's `decisions` event
-        summarises them; live records carry theirs)."""
+        self.answer_walls: list[float] | None = None
+        """Send-to-answer seconds of every decision that had one, kept only when the caller
+        asks (the sim sets a list: its `decisions` event summarises them). Live records carry
+        their own, so a standing router does not grow a list per decision."""
 
     @property
     def fallback_name(self) -> str | None:
@@ -251,7 +252,7 @@ class Decider:
         problem = route_problem(route, snapshot)
         if problem is not None:
             return self._fall_back(view, snapshot, problem, t0, answer_s)
-        if answer_s is not None:
+        if answer_s is not None and self.answer_walls is not None:
             self.answer_walls.append(answer_s)
         return Decision(route, "policy", None, time.perf_counter() - t0, answer_s)
 
@@ -260,7 +261,7 @@ class Decider:
     ) -> Decision:
         assert self.fallback is not None
         route = self.fallback.decide(view, snapshot)  # its LookupError: no route yet
-        if answer_s is not None:
+        if answer_s is not None and self.answer_walls is not None:
             self.answer_walls.append(answer_s)
         return Decision(route, "fallback", reason, time.perf_counter() - t0, answer_s)
 

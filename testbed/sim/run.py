@@ -177,9 +177,11 @@ async def _run(inp: SimInputs) -> SimOutput:
         if len(records) >= total and not done.done():
             done.set_result(None)
 
+    decider = Decider.for_spec(inp.policy, inp.policy_config)
+    decider.answer_walls = []  # summarised in the `decisions` event (records keep none here)
     dispatcher = SimDispatcher(
         cluster,
-        Decider.for_spec(inp.policy, inp.policy_config),
+        decider,
         cache,
         control,
         inp.scale.byte_scale,
@@ -237,7 +239,7 @@ async def _run(inp: SimInputs) -> SimOutput:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         dispatcher.decider.close()
-    decider = dispatcher.decider  # wall latencies only: a decision takes no virtual time
+    # wall latencies only: a decision takes no virtual time
     history.append(HistoryEvent(loop.time(), "decisions", {
         "wall_ms": wall_percentiles_ms(dispatcher.decision_walls),
         "answer_wall_ms": wall_percentiles_ms(decider.answer_walls),
