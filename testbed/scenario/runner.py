@@ -144,13 +144,18 @@ class _Run:
 
     async def start(self) -> None:
         dep = self.rp.deployment
-        self.scheduler = await start_owned_scheduler(self.rp, self.opts.out_dir)
         # The torch engine has no role-switchable service yet: its runs keep the split.
         switchable = (
             get_policy(self.rp.policy).long_term
             and dep.prfaas is not None
             and dep.engine == "emulated"
         )
+        n_dec, n_pre = self.rp.n_decode, self.rp.n_prefill
+        n_far = dep.prfaas.instances if dep.prfaas is not None else 0
+        local = ["pd"] * (n_dec + n_pre) if switchable else ["decode"] * n_dec + ["prefill"] * n_pre
+        await self.substrate.warm(local + ["prefill"] * n_far + ["router"],
+                                  dep.link if n_far else None, self.rp.scenario.seed)  # fmt: skip
+        self.scheduler = await start_owned_scheduler(self.rp, self.opts.out_dir)
         local_specs = [
             self._spec("decode", f"local-decode-{i}", "local", dep.local.hardware)
             for i in range(self.rp.n_decode)

@@ -34,6 +34,12 @@ class ServiceHandle:
 class Substrate(Protocol):
     name: str
 
+    async def warm(self, roles: list[str], link: LinkConfig | None, seed: int) -> None:
+        """Get ready to start services of these roles (one each) and, with `link`, the link:
+        a substrate that can start them ahead does (local: the interpreters), others do
+        nothing. Only a speed-up: `start_service` works without it."""
+        ...
+
     async def start_service(self, spec: ServiceSpec) -> ServiceHandle: ...
 
     async def start_link(

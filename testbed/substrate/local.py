@@ -55,22 +55,21 @@ class LocalService:
         return self.proc.pid
 
 
-async def start_service(
-    spec: ServiceSpec, log_dir: Path | None, ready_timeout: float = 30.0
-) -> LocalService:
-    """Spawn one service and wait for its READY line."""
-    log_path = None
+async def _spawn(
+    args: list[str], log_path: Path | None, *, stdin: int | None = None
+) -> asyncio.subprocess.Process:
+    """One `python -m testbed.services.host ARGS`, its stderr appended to `log_path`."""
     stderr: int | object = asyncio.subprocess.DEVNULL
-    if log_dir is not None:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = log_dir / f"{spec.id}.log"
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         stderr = log_path.open("ab")  # append: a restarted service keeps its first life's log
     env = child_env({**os.environ, "PYTHONUNBUFFERED": "1"})  # dies with us: testbed.lifeline
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "testbed.services.host",
-        spec.model_dump_json(),
+        *args,
+        stdin=stdin,
         stdout=asyncio.subprocess.PIPE,
         stderr=stderr,  # type: ignore[arg-type]
         env=env,
@@ -78,6 +77,38 @@ async def start_service(
     )
     if hasattr(stderr, "close"):
         stderr.close()
+    return proc
+
+
+@dataclass
+class _Warm:
+    """A service process started before its spec was known (`host --warm ROLE`)."""
+
+    role: str
+    proc: asyncio.subprocess.Process
+    log_path: Path | None
+
+
+async def start_service(
+    spec: ServiceSpec,
+    log_dir: Path | None,
+    ready_timeout: float = 30.0,
+    warm: _Warm | None = None,
+) -> LocalService:
+    """Spawn one service (or hand its spec to a warm process of its role) and wait for its
+    READY line."""
+    log_path = log_dir / f"{spec.id}.log" if log_dir is not None else None
+    if warm is not None:
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+        proc = warm.proc
+        assert proc.stdin is not None
+        proc.stdin.write(f"{log_path or ''}\n{spec.model_dump_json()}\n".encode())
+        with contextlib.suppress(ConnectionError):
+            await proc.stdin.drain()
+        proc.stdin.close()
+    else:
+        proc = await _spawn([spec.model_dump_json()], log_path)
     svc = LocalService(spec, proc, log_path=log_path)
     assert proc.stdout is not None
     try:
@@ -85,9 +116,10 @@ async def start_service(
             while True:
                 line = await proc.stdout.readline()
                 if not line:
+                    logs = [str(p) for p in (warm and warm.log_path, log_path) if p]
                     raise UserError(
                         f"service {spec.id} exited during start-up"
-                        + (f"; see {log_path}" if log_path else "")
+                        + (f"; see {' and '.join(logs)}" if logs else "")
                     )
                 if line.startswith(b"READY "):
                     svc.ports = json.loads(line[6:])
@@ -95,23 +127,35 @@ async def start_service(
     except TimeoutError:
         await stop_services([svc])
         raise UserError(f"service {spec.id} did not start within {ready_timeout:.0f}s") from None
+    if warm is not None and warm.log_path is not None:
+        _unlink_if_empty(warm.log_path)  # what the process wrote before its spec came
     return svc
+
+
+def _unlink_if_empty(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        if path.stat().st_size == 0:
+            path.unlink()
 
 
 async def stop_services(services: list[LocalService], grace: float = 5.0) -> None:
     """SIGTERM everything, then SIGKILL what is still alive after `grace` seconds."""
-    for svc in services:
-        if svc.proc.returncode is None:
+    await _stop_processes([svc.proc for svc in services], grace)
+
+
+async def _stop_processes(procs: list[asyncio.subprocess.Process], grace: float = 5.0) -> None:
+    for proc in procs:
+        if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
-                svc.proc.send_signal(signal.SIGTERM)
-    for svc in services:
+                proc.send_signal(signal.SIGTERM)
+    for proc in procs:
         try:
             async with asyncio.timeout(grace):
-                await svc.proc.wait()
+                await proc.wait()
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
-                svc.proc.kill()
-            await svc.proc.wait()
+                proc.kill()
+            await proc.wait()
 
 
 class LocalSubstrate:
@@ -127,13 +171,51 @@ class LocalSubstrate:
         """The link emulator this substrate started (none with `link.toxiproxy` or one DC)."""
         self.netns: NetnsLink | None = None
         """The run's namespaces and veth with `link.shaper: tc`."""
+        self._warm: list[_Warm] = []
+        self._emulator: asyncio.Task[tuple[asyncio.subprocess.Process, str]] | None = None
+        """The link emulator started early by `warm`, taken by `start_link`."""
+
+    async def warm(self, roles: list[str], link: LinkConfig | None, seed: int) -> None:
+        """Start a process for each service the run will start (by role), and the link
+        emulator if the run has one this substrate starts: their interpreters start and
+        import together instead of wave after wave (services.host `--warm`)."""
+        for n, role in enumerate(roles):
+            log_path = self.log_dir / f"warm-{n}.log" if self.log_dir is not None else None
+            proc = await _spawn(["--warm", role], log_path, stdin=asyncio.subprocess.PIPE)
+            self._warm.append(_Warm(role, proc, log_path))
+        if link is not None and link.shaper == "emulator" and link.toxiproxy is None:
+            self._emulator = asyncio.create_task(spawn_emulator(seed, self.log_dir))
+
+    def _take_warm(self, spec: ServiceSpec) -> _Warm | None:
+        """A warm process for `spec`'s role that is still alive, or None."""
+        for w in self._warm:
+            if w.role == spec.role and w.proc.returncode is None:
+                self._warm.remove(w)
+                return w
+        return None
+
+    async def _drop_warm(self) -> None:
+        """Unused warm processes: stdin closed, they exit; their empty logs go."""
+        warm, self._warm = self._warm, []
+        for w in warm:
+            if w.proc.stdin is not None:
+                w.proc.stdin.close()
+        await _stop_processes([w.proc for w in warm])
+        for w in warm:
+            if w.log_path is not None:
+                _unlink_if_empty(w.log_path)
+        if self._emulator is not None:
+            task, self._emulator = self._emulator, None
+            with contextlib.suppress(Exception):
+                proc, _url = await task
+                await stop_emulator(proc)
 
     def _handle(self, svc: LocalService) -> ServiceHandle:
         kv = (svc.spec.host, svc.ports["kv"]) if "kv" in svc.ports else None
         return ServiceHandle(svc.spec, svc.url, kv, svc)
 
     async def start_service(self, spec: ServiceSpec) -> ServiceHandle:
-        svc = await start_service(spec, self.log_dir)
+        svc = await start_service(spec, self.log_dir, warm=self._take_warm(spec))
         self.services[spec.id] = svc
         return self._handle(svc)
 
@@ -169,6 +251,9 @@ class LocalSubstrate:
                 listen = f"{self.netns.listen_host}:0"
             if link.toxiproxy is not None:
                 url = f"http://{link.toxiproxy}"
+            elif self._emulator is not None and self.netns is None:
+                task, self._emulator = self._emulator, None
+                self.link_proc, url = await task
             else:
                 self.link_proc, url = await spawn_emulator(
                     seed, self.log_dir, listen_netns=self.netns.listen_netns if self.netns else None
@@ -228,6 +313,19 @@ class LocalSubstrate:
             svc.proc.kill()
         await svc.proc.wait()
 
+    def exited(self, handle: ServiceHandle) -> str | None:
+        """How the service's process ended ("killed by SIGKILL", "exit code 1"), or None while
+        it runs (a standing deployment watches its services: scenario.standing)."""
+        code = self._proc(handle).proc.returncode
+        if code is None:
+            return None
+        if code >= 0:
+            return f"exit code {code}"
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+
     async def pause(self, handle: ServiceHandle) -> None:
         with contextlib.suppress(ProcessLookupError):
             self._proc(handle).proc.send_signal(signal.SIGSTOP)
@@ -252,4 +350,5 @@ class LocalSubstrate:
                 with contextlib.suppress(ProcessLookupError):
                     svc.proc.send_signal(signal.SIGCONT)
         await stop_services(list(self.services.values()))
+        await self._drop_warm()
         await self._close_link()

@@ -306,6 +306,9 @@ class ComposeSubstrate:
             {"ip": inst.ip, "container": inst.container.name},
         )
 
+    async def warm(self, roles: list[str], link: LinkConfig | None, seed: int) -> None:
+        """Nothing to start ahead: a container starts when its spec is known."""
+
     async def start_service(self, spec: ServiceSpec) -> ServiceHandle:
         await self._ensure_up()
         async with self._lock:  # addresses and the rendered file are shared
