@@ -14,6 +14,7 @@ from typing import Any
 
 from testbed.checkers.result import CheckResult
 from testbed.metrics.files import atomic_write
+from testbed.metrics.summary import link_warning
 from testbed.units import format_size, format_tokens
 
 __all__ = ["render_report", "write_report"]
@@ -302,8 +303,9 @@ def render_report(
                 ]
             ],
         )
-    else:
+    elif not link.get("samples_missed"):
         lines.append("No link samples (no cross-datacenter link in this deployment, or none used).")
+    lines += _missed_samples_line(link)
     if link.get("shaper"):
         lines += ["", _shaper_line(link)]
 
@@ -384,6 +386,21 @@ def render_report(
         lines += ["", "## Notes", ""]
         lines += [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def _missed_samples_line(link: dict[str, Any]) -> list[str]:
+    """Link samples whose read failed, with their reasons: the figures above leave them out."""
+    missed = int(link.get("samples_missed") or 0)
+    if not missed:
+        return []
+    n = missed + int(link["samples"])
+    why = "; ".join(f"{v}x {k}" for k, v in (link.get("samples_missed_reasons") or {}).items())
+    most = " **Most samples were missed: the bytes and rates above undercount the link.**"
+    return [
+        "",
+        f"Samples missed: {missed} of {n} ({why or 'no reason recorded'}); the bytes and rates "
+        "above are from the samples read." + (most if link_warning(link) else ""),
+    ]
 
 
 def _shaper_line(link: dict[str, Any]) -> str:

@@ -24,7 +24,10 @@ Definitions worth knowing:
   peak_gbps = the largest sampled interval rate. With the kernel shaper (`shaper: tc`) the
   samples are the qdisc's counters: `wire_bytes` is the qdisc's bytes as TCP payload (divided by
   testbed.link.tc.WIRE_PER_PAYLOAD), and `kernel` keeps the last raw counters (bytes, packets,
-  drops, overlimits; emulated units).
+  drops, overlimits; emulated units). `samples_missed` counts the "link_miss" events (a sample
+  whose read failed), `samples_missed_reasons` their reasons (the most frequent LINK_REASONS):
+  bytes and rates undercount what moved by whatever the missed samples would have shown, and
+  when most samples of a run were missed the console says so (`link_warning`).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from testbed.units import format_size
 __all__ = [
     "TPOT_TOLERANCE",
     "link_stats",
+    "link_warning",
     "meets_slo",
     "queue_depth_series",
     "stats",
@@ -55,6 +59,8 @@ __all__ = [
 
 TPOT_TOLERANCE = 0.05
 """Relative slack on the TPOT SLO when judging goodput (see the module docstring)."""
+LINK_REASONS = 5
+"""Distinct reasons of missed link samples kept in the summary (the most frequent)."""
 
 
 def stats(values: list[float]) -> dict[str, float | None]:
@@ -78,11 +84,18 @@ def meets_slo(rec: RequestRecord, slo: SloConfig) -> bool:
 
 
 def link_stats(history: list[HistoryEvent], byte_scale: float) -> dict[str, Any]:
-    """Bytes and rates of the inter-datacenter link from its "link" samples, real-world units."""
+    """Bytes and rates of the inter-datacenter link from its "link" samples, real-world units,
+    and the samples missed ("link_miss" events: read, and failed) with their reasons."""
     samples = sorted((e for e in history if e.kind == "link"), key=lambda e: e.t)
+    why = Counter(str(e.data.get("reason") or "unknown") for e in history if e.kind == "link_miss")
+    missed = {
+        "samples_missed": sum(why.values()),
+        "samples_missed_reasons": dict(why.most_common(LINK_REASONS)),
+    }
     if not samples:
         return {
             "samples": 0,
+            **missed,
             "bytes": 0.0,
             "mean_gbps": None,
             "peak_gbps": None,
@@ -102,6 +115,7 @@ def link_stats(history: list[HistoryEvent], byte_scale: float) -> dict[str, Any]
     mean_configured = _time_weighted_mean(samples, "configured_gbps")
     return {
         "samples": len(samples),
+        **missed,
         "bytes": real_bytes,
         "mean_gbps": mean_gbps,
         "peak_gbps": max(rates) if rates else None,
@@ -114,6 +128,19 @@ def link_stats(history: list[HistoryEvent], byte_scale: float) -> dict[str, Any]
         ),
         "kernel": _kernel_counters(samples),
     }
+
+
+def link_warning(link: dict[str, Any]) -> str | None:
+    """The console's warning when most of a run's link samples were missed (more missed than
+    read): its link figures then say little about what moved. None otherwise."""
+    missed = int(link.get("samples_missed") or 0)
+    if missed <= int(link.get("samples") or 0):
+        return None
+    first = next(iter(link.get("samples_missed_reasons") or {}), "unknown")
+    return (
+        f"WARNING: link: {missed} of {missed + int(link.get('samples') or 0)} samples missed "
+        f"({first}): the link's bytes and rates undercount what moved"
+    )
 
 
 def _kernel_counters(samples: list[HistoryEvent]) -> dict[str, int] | None:
@@ -447,7 +474,9 @@ def to_text(summary: dict[str, Any]) -> str:
         f"p99 {_fmt(ttft['p99'])}; E2E p50 {_fmt(e2e['p50'])} p99 {_fmt(e2e['p99'])}",
         f"link: {format_size(link['bytes'])} moved, mean {_fmt(link['mean_gbps'], ' Gbps')}, "
         f"peak {_fmt(link['peak_gbps'], ' Gbps')}"
-        + (f"; shaper {link['shaper']}" if link.get("shaper") else ""),
+        + (f"; shaper {link['shaper']}" if link.get("shaper") else "")
+        + (f"; {link['samples_missed']} samples missed" if link.get("samples_missed") else ""),
+        *filter(None, [link_warning(link)]),
         *_cache_text(summary),
         *_decisions_text(summary),
         f"(real-world units; simulated in virtual time, byte_scale {scale['bytes']:g})"

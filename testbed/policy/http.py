@@ -10,16 +10,18 @@ testbed keeps running what the fallback would need, so a fallback decision is al
 
 `decide` blocks (the sim: a decision takes no virtual time; its wall latency is measured);
 `adecide` is the live router's: up to `lanes` exchanges at once on one aiohttp session with
-keep-alive (testbed.policy.http_client: lanes, the total deadline, the size cap, no redirects).
+keep-alive. Both, and the feedback worker, keep one rule (testbed.policy.http_client): a total
+deadline per exchange, the size cap on every body read, no decompression, no redirects.
 Either raises LookupError for "no route yet" (HTTP 503) and anything else for a failure; the
 shared wrapper (testbed.policy.decider) turns a failure into a fallback decision. The `_timed`
 forms also give the send-to-answer seconds. Outcomes go to POST /feedback from a bounded queue
-on a worker thread: fire-and-forget, dropped when full, each post bounded in time and size.
+on a worker thread: fire-and-forget, dropped when full, each post bounded in time and size by
+the same rule, its failures counted by kind (`feedback_stats`); closing stops the worker after
+the post it is in, whatever is left queued.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import http.client
 import json
@@ -27,6 +29,7 @@ import queue
 import threading
 import time
 import urllib.parse
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +44,10 @@ from testbed.policy.http_client import (
     BlockingClient,
     Lane,
     Lanes,
+    apost,
+    feedback_deadline_s,
     late,
-    read_capped,
+    new_session,
 )
 from testbed.policy.http_process import SchedulerProcess
 from testbed.policy.protocol import (
@@ -141,8 +146,8 @@ class HttpSpec:
 
     @property
     def feedback_timeout_s(self) -> float:
-        """A feedback post's total deadline (it is off the decision path: generous)."""
-        return max(1.0, self.timeout_s * 10)
+        """A feedback post's total deadline (off the decision path: generous, still bounded)."""
+        return feedback_deadline_s(self.timeout_s)
 
     @property
     def feedback_url(self) -> str:
@@ -214,7 +219,12 @@ class HttpPolicy:
         """Request id -> the router id of the lane that last decided it (its feedback's)."""
         self._feedback: queue.Queue[dict[str, Any] | None] | None = None
         self._feeder: threading.Thread | None = None
+        self._closing = threading.Event()
         self.feedback_dropped = 0
+        """Outcomes never posted: the queue was full, or the policy closed before their turn."""
+        self.feedback_posted = 0
+        self.feedback_failed: Counter[str] = Counter()
+        """Posts that got no 2xx answer in time, by kind (late, unreachable, status, garbage)."""
         self.resyncs = 0
 
     @property
@@ -283,15 +293,9 @@ class HttpPolicy:
             body = self._body(lane, request, snapshot, full)
             try:
                 status, answer, sent = self._client.post(self._path, body, deadline, self.clock)
-            except TimeoutError:
+            except (OSError, http.client.HTTPException, ProtocolError) as exc:
                 lane.encoder.reset()
-                raise late(self.spec.timeout_s) from None
-            except (OSError, http.client.HTTPException) as exc:
-                lane.encoder.reset()
-                raise ConnectionError(f"unreachable: {type(exc).__name__}: {exc}") from None
-            except ProtocolError:
-                lane.encoder.reset()
-                raise
+                raise self._failure(exc) from None
             took = self._in_time(lane, sent, deadline)
             route = self._answer(lane, status, answer, snapshot, took)
             if route is not None:
@@ -305,12 +309,8 @@ class HttpPolicy:
     async def adecide_timed(self, request: RequestView, snapshot: Snapshot) -> tuple[Route, float]:
         """The live router's form: a free lane (else `queued` at the deadline), then the
         exchange on one aiohttp session (keep-alive; the lanes bound its connections)."""
-        import aiohttp
-
         if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
-            )
+            self._session = new_session()
         deadline = self.clock() + self.spec.timeout_s
         lane = await self.lanes.take(deadline, self.clock)
         if lane is None:
@@ -330,35 +330,29 @@ class HttpPolicy:
 
         assert self._session is not None
         full = False
+        url = self.spec.url.partition("#")[0]
         for _ in range(2):
             body = self._body(lane, request, snapshot, full)
-            sent = self.clock()
             try:
-                if sent >= deadline:
-                    raise TimeoutError
-                async with asyncio.timeout(deadline - sent):
-                    async with self._session.post(
-                        self.spec.url.partition("#")[0],
-                        data=body,
-                        headers={"Content-Type": "application/json"},
-                        allow_redirects=False,
-                    ) as resp:
-                        status, answer = resp.status, await read_capped(resp)
-            except TimeoutError:
+                status, answer, sent = await apost(self._session, url, body, deadline, self.clock)
+            except (OSError, aiohttp.ClientError, ProtocolError) as exc:
                 lane.encoder.reset()
-                raise late(self.spec.timeout_s) from None
-            except (OSError, aiohttp.ClientError) as exc:
-                lane.encoder.reset()
-                raise ConnectionError(f"unreachable: {type(exc).__name__}: {exc}") from None
-            except ProtocolError:
-                lane.encoder.reset()
-                raise
+                raise self._failure(exc) from None
             took = self._in_time(lane, sent, deadline)
             route = self._answer(lane, status, answer, snapshot, took)
             if route is not None:
                 return route, took
             full = True
         raise ProtocolError("status: 409 twice (the service refused a full snapshot)")
+
+    def _failure(self, exc: BaseException) -> Exception:
+        """What a failed exchange raises, on every path: `late` past the deadline, the
+        ProtocolError itself (an answer over the cap), else `unreachable`."""
+        if isinstance(exc, TimeoutError):
+            return late(self.spec.timeout_s)
+        if isinstance(exc, ProtocolError):
+            return exc
+        return ConnectionError(f"unreachable: {type(exc).__name__}: {exc}")
 
     # -------------------------------------------------------------------- feedback
 
@@ -378,32 +372,62 @@ class HttpPolicy:
             self.feedback_dropped += 1
 
     def _feed(self, q: queue.Queue[dict[str, Any] | None]) -> None:
-        """The worker: each post bounded by a total deadline and its answer by the size cap."""
+        """The worker: each post bounded by a total deadline and its answer by the size cap
+        (the decisions' rule); it stops at None or when the policy closes."""
         path = urllib.parse.urlsplit(self.spec.feedback_url).path
         client = BlockingClient(self._host, self._port, self.spec.url.startswith("https:"))
         for _ in iter(int, 1):  # bounded by the queue: None (close) ends it
             doc = q.get()
             if doc is None:
                 break
+            if self._closing.is_set():
+                self.feedback_dropped += 1 + sum(1 for d in _drain(q) if d is not None)
+                break
             deadline = time.monotonic() + self.spec.feedback_timeout_s
-            with contextlib.suppress(OSError, http.client.HTTPException, ProtocolError):
-                client.post(path, json.dumps(doc).encode(), deadline)
+            try:
+                status, _, _ = client.post(path, json.dumps(doc).encode(), deadline)
+            except (OSError, http.client.HTTPException, ProtocolError) as exc:
+                self.feedback_failed[str(self._failure(exc)).split(":", 1)[0]] += 1
+                continue
+            if 200 <= status < 300:
+                self.feedback_posted += 1
+            else:
+                self.feedback_failed["status"] += 1
         client.close()
+
+    def feedback_stats(self) -> dict[str, Any]:
+        """The /feedback posts so far: answered 2xx, failed (by kind), never sent (dropped)."""
+        failed = dict(sorted(self.feedback_failed.items()))
+        return {"posted": self.feedback_posted, "failed": failed, "dropped": self.feedback_dropped}
 
     # -------------------------------------------------------------------- closing
 
     def close(self) -> None:
+        """The queued outcomes get a second to be posted; then the worker stops after the post
+        it is in (at most a feedback deadline), and what is left counts as dropped."""
         self._client.close()
         if self._feedback is not None and self._feeder is not None:
             with contextlib.suppress(queue.Full):
                 self._feedback.put_nowait(None)
             self._feeder.join(timeout=1.0)
+            self._closing.set()
 
     async def aclose(self) -> None:
         self.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _drain(q: queue.Queue[dict[str, Any] | None]) -> list[dict[str, Any] | None]:
+    """What is left in the queue, taken out (bounded by its size)."""
+    left: list[dict[str, Any] | None] = []
+    for _ in range(q.maxsize or FEEDBACK_QUEUE):
+        try:
+            left.append(q.get_nowait())
+        except queue.Empty:
+            break
+    return left
 
 
 def _resolve(name: str) -> type[Policy] | None:

@@ -1,17 +1,23 @@
 """The transport under the HTTP policy (testbed.policy.http): lanes, deadlines, a size cap.
 
-What makes a decision's outcome honest, on both clients:
+One rule bounds every exchange with a policy service, on both clients (aiohttp: the live
+router's decisions; the blocking `BlockingClient`: the sim's decisions and the /feedback
+worker's posts, live and on the sim), and it lives here only:
 
 - a *lane* is one exchange at a time with its own `router` id and delta base (`DeltaEncoder`),
   so the wire stays `prfaas-policy/1` (a service keeps one base per router id) while a policy
   runs `lanes` exchanges at once; a decision that finds no free lane before its deadline is
   `queued` (never sent);
-- the deadline is total, per decision, on a monotonic clock: an answer counts only when its last
-  byte was read before it, so an answer the router's busy event loop reads late (its timer could
+- the deadline is total, per exchange, on a monotonic clock (a decision's is the policy's
+  `timeout`, a feedback post's `feedback_deadline_s`): an answer counts only when its last byte
+  was read before it, so an answer the router's busy event loop reads late (its timer could
   not fire) is `late`, and so is a service that trickles bytes (the blocking client re-arms the
   socket's timeout to what is left before every read, instead of once per read);
-- an answer is at most MAX_ANSWER_BYTES (`garbage: too large`: Content-Length first, then at
-  most cap + 1 bytes read, so an endless body costs bounded memory and time);
+- every body read, a decision's answer or a feedback post's, is at most MAX_ANSWER_BYTES
+  (`BodyCap`: `garbage: too large`, Content-Length first, then at most cap + 1 bytes read, so an
+  endless body costs bounded memory and time); bodies are asked for and read as sent
+  (`Accept-Encoding: identity`, never decompressed), so the cap counts the bytes on the wire
+  and both clients see the same body;
 - redirects are never followed (a 3xx is `status: HTTP 3xx`): the policy URL is the contract.
 """
 
@@ -32,13 +38,19 @@ from testbed.policy.protocol import DeltaEncoder, ProtocolError
 
 __all__ = [
     "DEFAULT_LANES",
+    "FEEDBACK_DEADLINE_MIN_S",
     "MAX_ANSWER_BYTES",
     "MAX_LANES",
+    "REQUEST_HEADERS",
     "Answered",
     "BlockingClient",
+    "BodyCap",
     "Lane",
     "Lanes",
+    "apost",
+    "feedback_deadline_s",
     "late",
+    "new_session",
     "read_capped",
     "too_large",
 ]
@@ -51,6 +63,13 @@ DEFAULT_LANES = 8
 """Exchanges one policy client runs at once (`#lanes=N`): a burst's arrivals come 0.4 ms apart,
 a service answers in a few ms, so one lane queues decisions behind each other."""
 MAX_LANES = 64
+FEEDBACK_DEADLINE_MIN_S = 1.0
+"""A /feedback post's total deadline is 10 x the decision's `timeout`, at least this: off the
+decision path, so generous, but bounded (a service answering feedback a byte every 15 ms once
+took a router from 78 to 667 MiB in 58 s)."""
+REQUEST_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+"""Sent on every exchange by both clients: no compressed answers, so the cap counts what is on
+the wire and an answer means the same to the sim and the live router."""
 
 Clock = Callable[[], float]
 
@@ -71,6 +90,11 @@ def late(timeout_s: float, after_s: float | None = None) -> TimeoutError:
     return TimeoutError(
         f"late: answer read {after_s * 1e3:.3g}ms after the {timeout_s * 1e3:g}ms deadline"
     )
+
+
+def feedback_deadline_s(timeout_s: float) -> float:
+    """A feedback post's total deadline for a policy whose decisions have `timeout_s`."""
+    return max(FEEDBACK_DEADLINE_MIN_S, timeout_s * 10)
 
 
 def too_large(n: int | None = None) -> ProtocolError:
@@ -123,18 +147,63 @@ class Lanes:
         self._free.put_nowait(lane)
 
 
+class BodyCap:
+    """The size cap, for both clients' readers: a declared length over MAX_ANSWER_BYTES is
+    refused before a byte of the body is read, and a body is read no further than cap + 1."""
+
+    def __init__(self, declared: int | str | None) -> None:
+        if isinstance(declared, str):
+            declared = int(declared) if declared.strip().isdigit() else None
+        if declared is not None and declared > MAX_ANSWER_BYTES:
+            raise too_large(declared)
+        self._buf = bytearray()
+
+    @property
+    def want(self) -> int:
+        """How much the next read may ask for."""
+        return MAX_ANSWER_BYTES + 1 - len(self._buf)
+
+    def add(self, chunk: bytes) -> None:
+        self._buf += chunk
+        if len(self._buf) > MAX_ANSWER_BYTES:
+            raise too_large()
+
+    def body(self) -> bytes:
+        return bytes(self._buf)
+
+
 async def read_capped(resp: Any) -> bytes:
     """An aiohttp response's body, at most MAX_ANSWER_BYTES (else `garbage: too large`)."""
-    n = resp.content_length
-    if n is not None and n > MAX_ANSWER_BYTES:
-        raise too_large(n)
-    buf = bytearray()
-    while len(buf) <= MAX_ANSWER_BYTES:
-        chunk = await resp.content.read(MAX_ANSWER_BYTES + 1 - len(buf))
-        if not chunk:
-            return bytes(buf)
-        buf += chunk
-    raise too_large()
+    cap = BodyCap(resp.content_length)
+    while chunk := await resp.content.read(cap.want):
+        cap.add(chunk)
+    return cap.body()
+
+
+def new_session() -> Any:
+    """The live client's aiohttp session: keep-alive, no connection limit of its own (the lanes
+    bound it), bodies never decompressed (REQUEST_HEADERS)."""
+    import aiohttp
+
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60), auto_decompress=False
+    )
+
+
+async def apost(
+    session: Any, url: str, body: bytes, deadline: float, clock: Clock
+) -> tuple[int, bytes, float]:
+    """The live client's exchange, under the same rule as `BlockingClient.post`: (status,
+    body, the clock when it was sent); TimeoutError past `deadline`, ProtocolError over the
+    cap, OSError / aiohttp.ClientError when the service cannot be reached."""
+    sent = clock()
+    if sent >= deadline:
+        raise TimeoutError("deadline passed")
+    async with asyncio.timeout(deadline - sent):
+        async with session.post(
+            url, data=body, headers=REQUEST_HEADERS, allow_redirects=False
+        ) as resp:
+            return resp.status, await read_capped(resp), sent
 
 
 # ------------------------------------------------------------------------ the blocking client
@@ -213,20 +282,16 @@ class BlockingClient:
             sock = cast(_Deadline, self._conn.sock)  # made by _connect (or its SSL wrapper)
             sock.deadline = deadline
             sent = clock()
-            self._conn.request("POST", path, body, {"Content-Type": "application/json",
-                                                    "Connection": "keep-alive"})  # fmt: skip
-            resp = self._conn.getresponse()
-            length = resp.getheader("Content-Length")
-            if length is not None and length.isdigit() and int(length) > MAX_ANSWER_BYTES:
-                raise too_large(int(length))
-            data = resp.read(MAX_ANSWER_BYTES + 1)
-            if len(data) > MAX_ANSWER_BYTES:
-                raise too_large()
+            self._conn.request("POST", path, body, {**REQUEST_HEADERS, "Connection": "keep-alive"})
+            resp = self._conn.getresponse()  # a 3xx is an answer like any other: never followed
+            cap = BodyCap(resp.getheader("Content-Length"))
+            while chunk := resp.read(cap.want):
+                cap.add(chunk)
             if resp.will_close or not resp.isclosed():
                 self.close()
             else:
                 sock.deadline = math.inf
-            return resp.status, data, sent
+            return resp.status, cap.body(), sent
         except BaseException:
             self.close()
             raise

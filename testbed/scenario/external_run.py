@@ -190,10 +190,8 @@ class ExternalRun(_Run):
         mid-run stops the run with its reason."""
         while True:
             await self._read_attempts(session)
-            if self.link is not None:
-                sample = await self.link.sample()
-                if sample is not None:
-                    self.history.append(HistoryEvent(self.clock.now(), "link", sample))
+            if self.link is not None and (ev := await self.link.sample_event(self.clock.now())):
+                self.history.append(ev)  # a sample, or a `link_miss` with its reason
             if self.process is not None and (why := self.process.exited()) is not None:
                 self.notes.append(f"router: {why}")
                 self.stop.set()

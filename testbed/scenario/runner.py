@@ -328,10 +328,8 @@ class _Run:
                             },
                         )
                     )
-            if self.link is not None:
-                sample = await self.link.sample()
-                if sample is not None:
-                    self.history.append(HistoryEvent(t, "link", sample))
+            if self.link is not None and (link := await self.link.sample_event(t)) is not None:
+                self.history.append(link)  # a sample, or a `link_miss` with its reason
             await asyncio.sleep(SAMPLE_INTERVAL_S)
 
     def progress(self) -> Progress:
