@@ -16,10 +16,12 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from typing import NoReturn
 
 from aiohttp import web
 from pydantic import TypeAdapter
@@ -140,7 +142,23 @@ def main(argv: list[str] | None = None) -> int:
         runner = asyncio.run
     with contextlib.suppress(KeyboardInterrupt):
         runner(serve(spec, _factory(spec.role)))
-    return 0
+    _exit_now()
+
+
+def _exit_now() -> NoReturn:
+    """Exit without the interpreter's teardown. Freeing a service's heap object by object took
+    0.9 s of every worker's stop in burst's short run (the stop itself: 10 ms), paid at the end of
+    every run; a service has nothing left to write (the runner writes the results), so its
+    streams are flushed and it leaves. Coverage, when it measures this process, is saved first."""
+    cov = sys.modules.get("coverage")
+    current = getattr(getattr(cov, "Coverage", None), "current", None)
+    if current is not None and (measuring := current()) is not None:
+        measuring.stop()
+        measuring.save()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
