@@ -54,8 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    return dispatch(build_parser().parse_args(argv))
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    """Run a parsed subcommand: a UserError is one line and exit 2, never a traceback."""
     try:
         rc: int = args.func(args)
     except UserError as exc:

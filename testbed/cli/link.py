@@ -5,19 +5,23 @@
 
 Each subcommand sets `func(args) -> exit code`; mistakes a person can fix raise UserError,
 which the main CLI prints as one line (exit code 2).
+
+`python -m testbed.cli.link serve ...` runs these without the rest of the CLI, whose parser
+imports every subcommand (about 2 CPU seconds): the local substrate starts its emulator so.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from testbed.errors import UserError
 from testbed.units import UnitError, parse_bandwidth
 
-__all__ = ["add_parser"]
+__all__ = ["add_parser", "main"]
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -153,3 +157,16 @@ def add_parser(sub: Any) -> None:
         help="the namespaces of runs whose process is gone (tbl-r<pid>-*, killed or crashed)",
     )
     down.set_defaults(func=_run_tc_down)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`testbed link ARGS` with only this subcommand's parser."""
+    from testbed.cli import dispatch
+
+    parser = argparse.ArgumentParser(prog="testbed")
+    add_parser(parser.add_subparsers(dest="command"))
+    return dispatch(parser.parse_args(["link", *(sys.argv[1:] if argv is None else argv)]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,7 +1,8 @@
 """The link emulator as a child process of the runner (the local substrate's link).
 
-`testbed link serve --port 0` binds any free port and announces its API address on stdout; the
-emulator dies with the runner (testbed.lifeline) and logs to link.log in the run's logs.
+`testbed link serve --port 0` (started as `python -m testbed.cli.link serve`: the link commands
+alone, not the whole CLI's imports) binds any free port and announces its API address on stdout;
+the emulator dies with the runner (testbed.lifeline) and logs to link.log in the run's logs.
 """
 
 from __future__ import annotations
@@ -36,8 +37,7 @@ async def spawn_emulator(
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "testbed.cli",
-        "link",
+        "testbed.cli.link",
         "serve",
         "--port",
         "0",
