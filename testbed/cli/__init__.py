@@ -9,13 +9,10 @@ line on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import sys
 from collections.abc import Sequence
 
 from testbed import __version__
-from testbed.errors import UserError
+from testbed.cli.dispatch import dispatch
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,20 +52,3 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     return dispatch(build_parser().parse_args(argv))
-
-
-def dispatch(args: argparse.Namespace) -> int:
-    """Run a parsed subcommand: a UserError is one line and exit 2, never a traceback."""
-    try:
-        rc: int = args.func(args)
-    except UserError as exc:
-        print(f"testbed: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("testbed: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # `testbed scenarios | head`: the reader left; not an error of ours
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    return rc

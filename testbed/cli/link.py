@@ -161,7 +161,7 @@ def add_parser(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`testbed link ARGS` with only this subcommand's parser."""
-    from testbed.cli import dispatch
+    from testbed.cli.dispatch import dispatch
 
     parser = argparse.ArgumentParser(prog="testbed")
     add_parser(parser.add_subparsers(dest="command"))
