@@ -1,6 +1,7 @@
 """testbed.serving (item 9): the project's aiohttp servers cut off clients that send a request's
 head or body too slowly, refuse connections beyond a cap while the open ones keep working, and
-log at most one line for a request whose client went away mid-body."""
+log at most one line for a request whose client went away mid-body, and (issue 33, defect 7)
+one line for a malformed request while a handler's bug keeps its traceback."""
 
 from __future__ import annotations
 
@@ -36,9 +37,13 @@ def _app(done: list[str]) -> web.Application:
         done.append("upload")
         return web.Response(text=str(len(body)))
 
+    async def bug(request: web.Request) -> web.Response:
+        raise RuntimeError("a bug in a handler")
+
     app = web.Application()
     app.router.add_get("/hello", hello)
     app.router.add_post("/upload", upload)
+    app.router.add_get("/bug", bug)
     return app
 
 
@@ -209,6 +214,86 @@ def test_default_limits_leave_room_for_the_testbed() -> None:
     d = ServingLimits()
     assert d.max_connections >= 4096
     assert d.header_timeout >= 10 and d.body_timeout >= 30
+
+
+# -- malformed requests (issue 33, defect 7) -------------------------------------------------------
+MALFORMED = {
+    "negative length": b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+    "bad request line": b"GARBAGE\r\n\r\n",
+    "bad method": b"G(T / HTTP/1.1\r\nHost: x\r\n\r\n",
+    "non-numeric length": b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+    "bad chunk": b"POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"zz\r\nhello\r\n0\r\n\r\n",
+    "bad header": b"GET /hello HTTP/1.1\r\nHost: x\r\nBad Header: 1\r\n\r\n",
+    "long line": b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+}
+
+
+async def _send(port: int, raw: bytes) -> bytes:
+    """`raw` on a new connection; what the server answers before it closes (at most 64 KiB)."""
+    r, w = await _open(port)
+    try:
+        w.write(raw)
+        await w.drain()
+        return await asyncio.wait_for(r.read(65536), 10)
+    finally:
+        w.transport.abort()
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED))
+async def test_malformed_requests_log_one_line_each(
+    served: tuple[HttpServer, list[str]], caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    """Before: aiohttp logged an 11-line traceback per request (5,500 lines for 500)."""
+    server, done = served
+    caplog.set_level(logging.DEBUG)
+    n = 100
+    for _ in range(n):
+        answer = await _send(server.port, MALFORMED[kind])
+        assert answer.split(b"\r\n", 1)[0].endswith(b" 400 Bad Request"), answer[:80]
+    await _wait_idle(server)
+    assert done == []
+    _assert_quiet(caplog, n)
+    assert any(r.getMessage().startswith("http: ") for r in caplog.records)
+    r, w = await _open(server.port)
+    assert await _get(r, w) == 200
+    w.transport.abort()
+
+
+async def test_a_bad_chunk_mid_body_is_a_400_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A chunk size that breaks the parser after the body began: a 400 in one line, not a
+    handler left waiting for its body until the deadline (aiohttp's C parser) nor a 500 with
+    two tracebacks (its Python parser)."""
+    caplog.set_level(logging.DEBUG)
+    done: list[str] = []
+    server = await start_http(_app(done), limits=ServingLimits(body_timeout=300.0))
+    try:
+        r, w = await _open(server.port)
+        head = b"POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        w.write(head + b"5\r\nhello\r\n")
+        await w.drain()
+        await asyncio.sleep(0.2)  # the handler is reading the body now
+        w.write(b"zz\r\nmore\r\n0\r\n\r\n")
+        answer = await asyncio.wait_for(r.read(65536), 30)  # well inside the 300 s deadline
+        w.transport.abort()
+        assert answer.startswith(b"HTTP/1.1 400"), answer[:80]
+        assert b"bad request body" in answer
+        await _wait_idle(server)
+        assert done == [] and server.cut == 0
+        _assert_quiet(caplog, 1)
+    finally:
+        await server.close()
+
+
+async def test_a_handler_bug_keeps_its_traceback(
+    served: tuple[HttpServer, list[str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    server, _ = served
+    caplog.set_level(logging.DEBUG)
+    answer = await _send(server.port, b"GET /bug HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 500")
+    bugs = [r for r in caplog.records if r.exc_info and isinstance(r.exc_info[1], RuntimeError)]
+    assert len(bugs) == 1 and "a bug in a handler" in caplog.text
 
 
 # -- helpers -------------------------------------------------------------------------------------

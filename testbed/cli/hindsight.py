@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.cli.run import add_set
+from testbed.cli.run import add_max_requests, add_set
 from testbed.errors import UserError
 from testbed.metrics.scorecard import hindsight_markdown, write_hindsight
 from testbed.scenario.hindsight import OBJECTIVES, Objective, best_fixed
@@ -77,6 +77,7 @@ def _run(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         on_row=show,
         overrides=args.settings,
+        max_requests=args.max_requests,
     )
     data = result.to_json()
     write_hindsight(data, out)
@@ -134,4 +135,5 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", metavar="DIR", help="output directory (default results/hindsight-NAME)")
     p.add_argument("--jobs", type=int, metavar="N", help="local processes (default: cores)")
     p.add_argument("--quiet", action="store_true", help="no line per finished run")
+    add_max_requests(p)
     p.set_defaults(func=_run)

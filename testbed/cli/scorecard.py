@@ -19,6 +19,7 @@ from typing import Any
 
 from testbed.checkers.policy_share import DEFAULT_MIN_SHARE
 from testbed.cli.hindsight import int_list
+from testbed.cli.run import add_max_requests
 from testbed.metrics.scorecard import not_judged, overall_text, write_scorecard
 from testbed.metrics.verdict import NOT_JUDGED
 from testbed.scenario.scorecard import DEFAULT_BASELINES, SCORECARD_SUBSTRATES, run_scorecard
@@ -52,6 +53,7 @@ def _run(args: argparse.Namespace) -> int:
         log=log,
         cache=None if args.no_cache else Path(args.cache),
         min_policy_share=args.min_policy_share,
+        max_requests=args.max_requests,
     )
     write_scorecard(card, out)
     for name, why in card["skipped"].items():
@@ -128,4 +130,5 @@ def add_parser(sub: Any) -> None:
         f"rest) is not judged, and the command exits 1 (default {DEFAULT_MIN_SHARE:g})",
     )
     p.add_argument("--quiet", action="store_true", help="no line per finished run")
+    add_max_requests(p)
     p.set_defaults(func=_run)

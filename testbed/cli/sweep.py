@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed.cli.run import add_max_requests
 from testbed.metrics.sweep import write_sweep
 from testbed.scenario.library import resolve_scenario
 from testbed.scenario.sweep import cells, parse_set, run_grid
@@ -23,7 +24,7 @@ def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     path = resolve_scenario(args.scenario)
     axes = [parse_set(text) for text in args.set]
-    todo = cells(path, axes, saturation=not args.no_saturation)
+    todo = cells(path, axes, saturation=not args.no_saturation, max_requests=args.max_requests)
     out = Path(args.out) if args.out else Path("results") / f"sweep-{path.stem}"
     jobs = args.jobs or min(len(todo), os.cpu_count() or 1)
     where = f"Ray at {args.ray}" if args.ray else f"{jobs} local process(es)"
@@ -82,4 +83,5 @@ def add_parser(sub: Any) -> None:
         help="skip each cell's saturation run (120%% of lambda_max): half the time",
     )
     p.add_argument("--quiet", action="store_true", help="no line per finished cell")
+    add_max_requests(p)
     p.set_defaults(func=_run)

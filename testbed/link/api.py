@@ -19,6 +19,8 @@ from testbed import __version__
 from testbed.link.emulator import TOXIPROXY_VERSION, LinkEmulator
 from testbed.link.errors import ApiError, bad_request
 from testbed.link.jsonbody import JsonBodyError, decode
+from testbed.serving import REFUSE_BROWSERS
+from testbed.serving.bad_requests import parse_error
 
 __all__ = ["build_app"]
 
@@ -51,9 +53,6 @@ async def _body(request: web.Request, *, optional: bool = False) -> Any:
 
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    # Toxiproxy refuses browsers, so a web page cannot drive the API (CSRF guard).
-    if request.headers.get("User-Agent", "").startswith("Mozilla/"):
-        return web.Response(text="User agent not allowed\n", status=403)
     try:
         return await handler(request)
     except ApiError as err:
@@ -68,7 +67,9 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             raise  # the client went away mid-request: testbed.serving notes it in one line
         _log.exception("link API: %s %s failed", request.method, request.path)
         return _error(ApiError("internal error", 500))
-    except Exception:
+    except Exception as exc:
+        if parse_error(exc) is not None:
+            raise  # a malformed body: testbed.serving answers it 400 in one line
         _log.exception("link API: %s %s failed", request.method, request.path)
         return _error(ApiError("internal error", 500))
 
@@ -77,6 +78,9 @@ def build_app(emulator: LinkEmulator) -> web.Application:
     """The aiohttp application serving the Toxiproxy API for `emulator`."""
     app = web.Application(middlewares=[_errors])
     app[EMULATOR_KEY] = emulator
+    # Toxiproxy refuses any browser (User-Agent "Mozilla/..."), so a web page cannot drive the
+    # API; testbed.serving applies that rule, with its cross-site guard, before any handler.
+    app[REFUSE_BROWSERS] = True
     em = emulator
 
     async def proxy_index(request: web.Request) -> web.Response:

@@ -13,12 +13,24 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from testbed.link.errors import ApiError, bad_request, show, toxic_exists, toxic_not_found
+from testbed.link.errors import (
+    ApiError,
+    bad_request,
+    show,
+    too_many,
+    toxic_exists,
+    toxic_not_found,
+)
 from testbed.link.pipeline import ToxicLink
 from testbed.link.toxics import REGISTRY, STREAMS, ToxicWrapper
 from testbed.link.toxics.base import invalid_toxic_type
 
-__all__ = ["ToxicCollection"]
+__all__ = ["MAX_TOXICS", "ToxicCollection"]
+
+MAX_TOXICS = 64
+"""Toxics one proxy holds at most (Toxiproxy has no cap). Every toxic is a stage on every open
+connection of its direction, run on each chunk; a deployment's proxy has three (a shared cap and
+latency each way) and the nemeses add one or two at a time."""
 
 
 def _field(body: dict[str, Any], key: str, kind: type, default: Any) -> Any:
@@ -93,6 +105,8 @@ class ToxicCollection:
             raise invalid_toxic_type()
         if any(w.name == name for w in self._toxics):
             raise toxic_exists()
+        if len(self._toxics) >= MAX_TOXICS:
+            raise too_many("toxics on this proxy", MAX_TOXICS)
         toxic = await cls.build(body.get("attributes"))
         wrapper = ToxicWrapper(name, type_name, stream, _toxicity(toxicity), toxic)
         toxic.shared = self._shared

@@ -19,16 +19,22 @@ from testbed.link.errors import (
     proxy_exists,
     proxy_not_found,
     show,
+    too_many,
 )
 from testbed.link.metrics import RateMeter, render
 from testbed.link.proxy import DIRECTIONS, Proxy
 from testbed.link.toxics import ToxicWrapper
 
-__all__ = ["TOXIPROXY_VERSION", "LinkEmulator"]
+__all__ = ["MAX_PROXIES", "TOXIPROXY_VERSION", "LinkEmulator"]
 
 # The Toxiproxy API version this emulator speaks (reported by GET /version).
 TOXIPROXY_VERSION = "2.12.0"
 SAMPLE_INTERVAL = 0.25  # seconds between rate-meter samples
+MAX_PROXIES = 1024
+"""Proxies one emulator holds at most (Toxiproxy has no cap). A deployment makes one per decode
+instance, and a cluster has at most 1000 instances (testbed.config.deployment); each proxy is a
+listening socket and a rate meter, so without a cap an API client could use up the process's
+descriptors and the deployment's own proxies could not accept (tests/link/test_link_caps.py)."""
 
 
 def _str_field(body: dict[str, Any], key: str, default: str = "") -> str:
@@ -124,6 +130,8 @@ class LinkEmulator:
             proxy, enabled = self._new_proxy(body)
             if proxy.name in self.proxies:
                 raise proxy_exists()
+            if len(self.proxies) >= MAX_PROXIES:
+                raise too_many("proxies", MAX_PROXIES)
             if enabled:
                 await proxy.start()
             self.proxies[proxy.name] = proxy
@@ -142,6 +150,8 @@ class LinkEmulator:
                     raise bad_request(f"duplicate proxy name {proxy.name!r}")
                 names.add(proxy.name)
                 wanted.append((proxy, enabled))
+            if len(names | self.proxies.keys()) > MAX_PROXIES:
+                raise too_many("proxies", MAX_PROXIES)
             result: list[Proxy] = []
             for proxy, enabled in wanted:
                 old = self.proxies.get(proxy.name)

@@ -15,6 +15,7 @@ __all__ = [
     "proxy_exists",
     "proxy_not_found",
     "show",
+    "too_many",
     "toxic_exists",
     "toxic_not_found",
 ]
@@ -68,3 +69,10 @@ def toxic_not_found() -> ApiError:
 
 def toxic_exists() -> ApiError:
     return ApiError("toxic already exists", 409)
+
+
+def too_many(what: str, cap: int) -> ApiError:
+    """A create beyond one of the emulator's caps (Toxiproxy has none): 409, as a duplicate
+    name, since the body is fine and it is the current state that refuses it; removing one
+    makes room."""
+    return ApiError(f"too many {what}: at most {cap}; delete one first", 409)

@@ -22,6 +22,7 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
+from testbed.link.acceptor import RESOURCE_ERRNOS, Acceptor, descriptor_room
 from testbed.link.addr import format_hostport, parse_hostport
 from testbed.link.collection import ToxicCollection
 from testbed.link.errors import ApiError
@@ -246,8 +247,7 @@ class Proxy:
         self.toxics = ToxicCollection(loop, self.live_links, shared)
         self.connections: set[Connection] = set()
         self.stats = {d: LinkStats() for d in DIRECTIONS}
-        self._server: asyncio.AbstractServer | None = None
-        self._sock: socket.socket | None = None  # the listening socket while enabled
+        self._acceptor: Acceptor | None = None  # accepts on the listening socket while enabled
         self._pending: set[asyncio.Task[None]] = set()
         self._count = 0
 
@@ -305,14 +305,19 @@ class Proxy:
         return family, sockaddr
 
     def _bind(self, listen: str, family: int, sockaddr: Any) -> socket.socket:
-        """A listening socket on `sockaddr`, or an ApiError: 409 if the address is taken."""
-        if self.listen_netns is None:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-        else:
-            try:
+        """A listening socket on `sockaddr`, or an ApiError: 409 if the address is taken, 503
+        if the process is short of descriptors (the connections keep what is left)."""
+        short = descriptor_room()
+        if short is not None:
+            raise ApiError(f"listen tcp {listen}: {short}", 503)
+        try:
+            if self.listen_netns is None:
+                sock = socket.socket(family, socket.SOCK_STREAM)
+            else:
                 sock = socket_in_namespace(self.listen_netns, socket.SOCK_STREAM, family)
-            except OSError as exc:
-                raise ApiError(f"listen tcp {listen}: {exc}", 500) from None
+        except OSError as exc:
+            status = 503 if exc.errno in RESOURCE_ERRNOS else 500
+            raise ApiError(f"listen tcp {listen}: {exc.strerror or exc}", status) from None
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(sockaddr)
@@ -325,19 +330,14 @@ class Proxy:
 
     async def _serve(self, sock: socket.socket) -> None:
         """Start accepting on a bound socket; the proxy is enabled at its real address."""
-        try:
-            self._server = await self.loop.create_server(lambda: _ClientSide(self), sock=sock)
-        except OSError as exc:
-            sock.close()
-            raise ApiError(f"listen tcp {self.listen}: {exc.strerror or exc}", 500) from None
-        self._sock = sock
         addr = sock.getsockname()
+        self._acceptor = Acceptor(self.loop, sock, lambda: _ClientSide(self), self.name)
         self.listen = format_hostport(addr[0], addr[1])
         self.enabled = True
 
     def _bound_to(self) -> Any:
         """The address the listening socket is bound to, or None when disabled."""
-        return None if self._sock is None else self._sock.getsockname()
+        return None if self._acceptor is None else self._acceptor.sock.getsockname()
 
     async def start(self) -> None:
         if self.enabled:
@@ -355,14 +355,10 @@ class Proxy:
         if not self.enabled:
             return
         self.enabled = False
-        server, self._server = self._server, None
-        self._sock = None
-        if server is not None:
-            server.close()
+        acceptor, self._acceptor = self._acceptor, None
+        if acceptor is not None:
+            await acceptor.stop()
         self._drop_connections()
-        if server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(server.wait_closed(), 1.0)
 
     async def update(self, listen: str, upstream: str, enabled: bool) -> None:
         """Apply a ProxyUpdate: a new address or upstream restarts the proxy (dropping its
@@ -404,8 +400,10 @@ def _bind_error(listen: str, exc: OSError) -> ApiError:
         status = 409
     elif exc.errno in _CALLER_ERRNOS:
         status = 400
+    elif exc.errno in RESOURCE_ERRNOS:
+        status = 503  # out of descriptors or memory: the server's, for now
     else:
-        status = 500  # the server's own trouble (out of file descriptors, say)
+        status = 500  # the server's own trouble
     return ApiError(f"listen tcp {listen}: bind: {reason}", status)
 
 

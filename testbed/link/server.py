@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 import signal
 import socket
 from pathlib import Path
@@ -126,7 +127,11 @@ async def serve(
     limits: ServingLimits = DEFAULT_LIMITS,
     listen_netns: str | None = None,
 ) -> None:
-    """Run until SIGINT/SIGTERM (the `testbed link serve` command)."""
+    """Run until SIGINT/SIGTERM (the `testbed link serve` command).
+
+    The process's soft descriptor limit is raised to its hard limit first, as the Go runtime
+    does for Toxiproxy: a soft limit of 1024 is a few hundred connections."""
+    _raise_descriptor_limit()
     proxies = load_config(config) if config else None
     server = await start_link_server(
         host, port, seed=seed, config=proxies, limits=limits, listen_netns=listen_netns
@@ -143,3 +148,10 @@ async def serve(
         await stop.wait()
     finally:
         await server.close()
+
+
+def _raise_descriptor_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

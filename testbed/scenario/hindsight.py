@@ -86,13 +86,19 @@ def plan_row(
 
 
 def measure_sim(
-    scenario: Scenario, policy: str | None = None
+    scenario: Scenario, policy: str | None = None, max_requests: int | None = None
 ) -> tuple[RunPlan, dict[str, Any], list[Any]]:
     """Simulate `scenario` (with `policy`, resolved as `testbed run --policy` does) and measure
     it: the plan, the run's row (testbed.metrics.scorecard.run_row) and its checker results."""
     from testbed.checkers import run_checkers
 
-    opts = RunOptions(substrate="sim", policy=policy, out_dir=Path("unused"), progress=False)
+    opts = RunOptions(
+        substrate="sim",
+        policy=policy,
+        out_dir=Path("unused"),
+        progress=False,
+        max_requests=max_requests,
+    )
     rp = prepare_run(scenario, opts)
     out = simulate(sim_inputs(rp, opts))
     sc = rp.scenario
@@ -120,7 +126,7 @@ def measure_sim(
 
 def run_fixed(cell: Cell) -> dict[str, Any]:
     """One setting and seed of a hindsight sweep (the sweep's cell function)."""
-    _, row, _ = measure_sim(cell_scenario(cell))
+    _, row, _ = measure_sim(cell_scenario(cell), max_requests=cell.max_requests)
     return {**dict(cell.settings), **row}
 
 
@@ -243,20 +249,23 @@ def plan_hindsight(
     splits: Sequence[int] | None = None,
     sweep_split: bool = True,
     overrides: Sequence[tuple[str, str]] = (),
+    max_requests: int | None = None,
 ) -> HindsightPlan:
     """The cells of a hindsight sweep of `scenario` (a file or a library name).
 
     `thresholds` default to `default_thresholds` around the planner's t (the scenario's own t
     when it fixes one); `splits` (PD-P counts) to `default_splits` around the running split when
     `sweep_split`, else the running split only. `overrides` are (path, value) settings written
-    into the scenario first, as `testbed sweep --set` writes them (e.g. ("deployment", NAME))."""
+    into the scenario first, as `testbed sweep --set` writes them (e.g. ("deployment", NAME)).
+    `max_requests`: the cap on the requests each run plans (None: the default cap)."""
     if objective not in OBJECTIVES:
         raise UserError(f"objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
     if not seeds:
         raise UserError("hindsight needs at least one seed")
     path = resolve_scenario(str(scenario))
     sc = cell_scenario(Cell(str(path), tuple(overrides))) if overrides else load_scenario(path)
-    rp = prepare_run(sc, RunOptions(substrate="sim", policy=POLICY, progress=False))
+    opts = RunOptions(substrate="sim", policy=POLICY, progress=False, max_requests=max_requests)
+    rp = prepare_run(sc, opts)
     dep = rp.deployment
     if dep.kind != "prfaas-pd":
         raise UserError(
@@ -311,6 +320,7 @@ def plan_hindsight(
             str(path),
             (*common, ("policy.threshold", f"{t:.0f}"), *split(p), ("seed", str(seed))),
             saturation=False,
+            max_requests=max_requests,
         )
         for t in ts
         for p in ps
@@ -339,6 +349,7 @@ def best_fixed(
     jobs: int | None = None,
     on_row: Callable[[int, dict[str, Any]], None] | None = None,
     overrides: Sequence[tuple[str, str]] = (),
+    max_requests: int | None = None,
 ) -> HindsightResult:
     """The best fixed threshold (and PD split) for `scenario` in hindsight, on the sim (see the
     module docstring); what the scorecard's reference row and the predictive policy's
@@ -354,6 +365,7 @@ def best_fixed(
         splits=splits,
         sweep_split=sweep_split,
         overrides=overrides,
+        max_requests=max_requests,
     )
     n_jobs = jobs or min(len(hp.cells), os.cpu_count() or 1)
     rows = run_grid(hp.cells, jobs=n_jobs, on_row=on_row, fn=run_fixed)

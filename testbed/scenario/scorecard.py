@@ -91,7 +91,7 @@ def run_score_cell(cell: Cell) -> dict[str, Any]:
     if cell.label == HINDSIGHT:
         row = run_fixed(cell)
     else:
-        _, row, _ = measure_sim(cell_scenario(cell), cell.policy)
+        _, row, _ = measure_sim(cell_scenario(cell), cell.policy, cell.max_requests)
     row["scenario"] = Path(cell.scenario_path).stem
     row["label"] = cell.label
     return row
@@ -132,12 +132,14 @@ def run_scorecard(
     log: Callable[[str], None] | None = None,
     cache: Path | None = None,
     min_policy_share: float = DEFAULT_MIN_SHARE,
+    max_requests: int | None = None,
 ) -> dict[str, Any]:
     """Run the scorecard and return it as a JSON-ready dict (testbed.metrics.scorecard writes
     it). `log` gets one line per finished run (the CLI prints them on stderr). With `cache` (a
     directory), sim runs that cannot have changed are read from it (see `cache_key`). A
     scenario where the policy decided less than `min_policy_share` of the routes itself (over
-    every seed) is not judged (testbed.metrics.verdict)."""
+    every seed) is not judged (testbed.metrics.verdict). `max_requests` caps the requests each
+    run plans (None: the default cap; a scenario over it is skipped with the reason)."""
     started = time.perf_counter()
     cpu0 = _cpu_s()
     say = log or (lambda _line: None)
@@ -167,7 +169,10 @@ def run_scorecard(
         n_requests = 0
         try:
             for spec in specs:
-                rp = prepare_run(sc, RunOptions(substrate=substrate, policy=spec, progress=False))
+                opts = RunOptions(
+                    substrate=substrate, policy=spec, progress=False, max_requests=max_requests
+                )
+                rp = prepare_run(sc, opts)
                 n_requests = max(n_requests, len(rp.requests))
         except UserError as exc:
             skipped[path.stem] = f"{spec}: {exc}"
@@ -176,16 +181,18 @@ def run_scorecard(
         entry = _Entry(path.stem, path, sc, _objective(sc), n_requests)
         if use_hindsight:
             try:
-                entry.hindsight = plan_hindsight(path, seeds, entry.objective, sweep_split=False)
+                entry.hindsight = plan_hindsight(
+                    path, seeds, entry.objective, sweep_split=False, max_requests=max_requests
+                )
             except UserError as exc:
                 entry.note = f"no hindsight row: {exc}"
         entries.append(entry)
     if not entries:
         raise UserError("no scenario to run: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
     if substrate == "sim":
-        rows, cached = _run_sim(entries, specs, seeds, jobs, say, cache)
+        rows, cached = _run_sim(entries, specs, seeds, jobs, say, cache, max_requests)
     else:
-        rows, cached = _run_local(entries, specs, seeds, out, say), 0
+        rows, cached = _run_local(entries, specs, seeds, out, say, max_requests), 0
     card = _card(policy, bases, substrate, seeds, entries, rows, skipped, min_policy_share)
     card["cached_runs"] = cached
     card["wall_s"] = time.perf_counter() - started
@@ -246,16 +253,35 @@ def _run_sim(
     jobs: int | None,
     say: Callable[[str], None],
     cache: Path | None,
+    max_requests: int | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
     todo: list[ScoreCell] = []
     for e in entries:
         for spec in specs:
             cost = e.requests * (1.0 if spec == "prfaas-static" else COSTLY)
             for seed in seeds:
-                todo.append(ScoreCell(str(e.path), (("seed", str(seed)),), False, spec, spec, cost))
+                todo.append(
+                    ScoreCell(
+                        str(e.path),
+                        (("seed", str(seed)),),
+                        False,
+                        spec,
+                        spec,
+                        cost,
+                        max_requests=max_requests,
+                    )
+                )
         if e.hindsight is not None:
             todo += [
-                ScoreCell(c.scenario_path, c.settings, False, None, HINDSIGHT, float(e.requests))
+                ScoreCell(
+                    c.scenario_path,
+                    c.settings,
+                    False,
+                    None,
+                    HINDSIGHT,
+                    float(e.requests),
+                    max_requests=max_requests,
+                )
                 for c in e.hindsight.cells
             ]
     rows: list[dict[str, Any]] = []
@@ -310,6 +336,7 @@ def _run_local(
     seeds: Sequence[int],
     out: Path | None,
     say: Callable[[str], None],
+    max_requests: int | None = None,
 ) -> list[dict[str, Any]]:
     """Live short runs, one at a time (each writes its own results under out/runs/)."""
     from testbed.checkers.result import CheckResult
@@ -323,7 +350,12 @@ def _run_local(
             for seed in seeds:
                 run_dir = base / f"{e.name}-{spec.replace(':', '_').replace('/', '_')}-{seed}"
                 opts = RunOptions(
-                    out_dir=run_dir, progress=False, policy=spec, seed=seed, drain_timeout_s=60
+                    out_dir=run_dir,
+                    progress=False,
+                    policy=spec,
+                    seed=seed,
+                    drain_timeout_s=60,
+                    max_requests=max_requests,
                 )
                 rp = prepare_run(e.scenario, opts)
                 result = asyncio.run(run_scenario(rp, opts))

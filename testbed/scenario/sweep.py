@@ -21,7 +21,7 @@ import copy
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,8 @@ class Cell:
     scenario_path: str
     settings: tuple[tuple[str, str], ...]
     saturation: bool = True
+    max_requests: int | None = field(default=None, kw_only=True)
+    """The cap on the requests its runs plan (`--max-requests`; None: the default cap)."""
 
 
 def _path_and_value(text: str, form: str) -> tuple[str, str]:
@@ -112,7 +114,13 @@ def scenario_with_settings(scenario_path: Path, settings: Sequence[tuple[str, st
     return cell_scenario(Cell(str(scenario_path), tuple(settings), saturation=False))
 
 
-def cells(scenario_path: Path, axes: Sequence[Axis], *, saturation: bool = True) -> list[Cell]:
+def cells(
+    scenario_path: Path,
+    axes: Sequence[Axis],
+    *,
+    saturation: bool = True,
+    max_requests: int | None = None,
+) -> list[Cell]:
     paths = [a.path for a in axes]
     if len(set(paths)) != len(paths):
         raise UserError("each path may be --set once")
@@ -120,7 +128,12 @@ def cells(scenario_path: Path, axes: Sequence[Axis], *, saturation: bool = True)
     if len(grid) > MAX_CELLS:
         raise UserError(f"{len(grid)} cells; a sweep takes at most {MAX_CELLS}")
     return [
-        Cell(str(scenario_path), tuple(zip(paths, values, strict=True)), saturation)
+        Cell(
+            str(scenario_path),
+            tuple(zip(paths, values, strict=True)),
+            saturation,
+            max_requests=max_requests,
+        )
         for values in grid
     ]
 
@@ -186,8 +199,12 @@ def completion_rate(records: Iterable[RequestRecord], lo: float, hi: float) -> f
     return (bisect.bisect_right(ends, hi) - bisect.bisect_left(ends, lo)) / (hi - lo)
 
 
-def simulate_scenario(scenario: Scenario) -> tuple[Any, dict[str, Any], list[RequestRecord]]:
-    opts = RunOptions(substrate="sim", out_dir=Path("unused"), progress=False)
+def simulate_scenario(
+    scenario: Scenario, max_requests: int | None = None
+) -> tuple[Any, dict[str, Any], list[RequestRecord]]:
+    opts = RunOptions(
+        substrate="sim", out_dir=Path("unused"), progress=False, max_requests=max_requests
+    )
     rp = prepare_run(scenario, opts)
     out = simulate(sim_inputs(rp, opts))
     summary = summarize(
@@ -203,7 +220,7 @@ def simulate_scenario(scenario: Scenario) -> tuple[Any, dict[str, Any], list[Req
 def run_cell(cell: Cell) -> dict[str, Any]:
     """Simulate one cell (and its saturation run); a row of the sweep's table."""
     scenario = cell_scenario(cell)
-    rp, s, _ = simulate_scenario(scenario)
+    rp, s, _ = simulate_scenario(scenario, cell.max_requests)
     plan = rp.plan
     row: dict[str, Any] = dict(cell.settings)
     row.update(
@@ -235,7 +252,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
                 "checkers": [],
             }
         )
-        rp_sat, _, records = simulate_scenario(sat)
+        rp_sat, _, records = simulate_scenario(sat, cell.max_requests)
         lo, hi = rp_sat.duration_s / 6, rp_sat.duration_s
         rate = completion_rate(records, lo, hi)
         gap = rate / plan.lambda_max_rps - 1 if plan.lambda_max_rps else None

@@ -13,7 +13,12 @@ enough of them exhaust the process's file descriptors. `start_http` adds what is
   a client that misses one is disconnected. Responses are not limited: a handler may stream for
   as long as it likes once it has its request;
 - one log line at most for a request whose client went away mid-body (aiohttp and most
-  handlers would log a traceback each time).
+  handlers would log a traceback each time);
+- one log line at most for a malformed request (a bad request line, a `Content-Length: -1`, a
+  broken chunked body), which aiohttp logs with a traceback (testbed.serving.bad_requests); a
+  handler's own exception keeps its traceback;
+- the browser guard (testbed.serving.browser_guard): a state-changing request a web page could
+  have sent cross-site is a 403 before any handler runs.
 
 Everything else is aiohttp's own: the limits object also carries its knobs, so a server's whole
 reading policy is one `ServingLimits`.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import socket
@@ -31,8 +37,19 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
-__all__ = ["DEFAULT_LIMITS", "HttpServer", "ServingLimits", "start_http"]
+from testbed.serving.bad_requests import ServerLog, one_line, parse_error, reported
+from testbed.serving.browser_guard import REFUSE_BROWSERS, browser_refusal
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "REFUSE_BROWSERS",
+    "HttpServer",
+    "ServingLimits",
+    "browser_refusal",
+    "start_http",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -78,7 +95,12 @@ class ServingLimits:
     def __post_init__(self) -> None:
         if self.max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, got {self.max_connections}")
-        for name in ("header_timeout", "body_timeout", "keepalive_timeout", "lingering_time"):
+        for name in (
+            "header_timeout",
+            "body_timeout",
+            "keepalive_timeout",
+            "lingering_time",
+        ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -99,6 +121,11 @@ class ServingLimits:
 
 
 DEFAULT_LIMITS = ServingLimits()
+
+
+def _json_error(status: int, message: str) -> web.Response:
+    body = json.dumps({"error": message, "status": status})
+    return web.Response(text=body, status=status, content_type="application/json")
 
 
 class _Gate:
@@ -130,7 +157,9 @@ class _Gate:
         if self._saturated and len(self.open) < self.limits.max_connections:
             self._saturated = False
             _log.info(
-                "%s: accepting connections again (%d refused so far)", self.name, self.refused
+                "%s: accepting connections again (%d refused so far)",
+                self.name,
+                self.refused,
             )
 
 
@@ -175,6 +204,26 @@ class _Connection(asyncio.Protocol):
         elif req.content.is_eof():
             self._next_started = True
         inner.data_received(data)
+        if req is not None and not req.content.is_eof():
+            self._body_error(inner, req)
+
+    @staticmethod
+    def _body_error(inner: asyncio.Protocol, req: web.BaseRequest) -> None:
+        """Hand a body's parse error to the handler reading that body.
+
+        aiohttp's C parser, failing mid-body (a bad chunk size after the first chunks), queues
+        the error as if it were the next request and leaves the current body open: its handler
+        would wait for bytes that never come, until the body deadline. aiohttp's pure-Python
+        parser sets the error on the body itself, which is what this does. (Private aiohttp
+        state, read defensively: if it changes, the body deadline still ends the request.)
+        """
+        queued = getattr(inner, "_messages", None)
+        if not queued:
+            return
+        last = queued[-1][0]
+        exc = getattr(last, "exc", None)
+        if isinstance(exc, HttpProcessingError) and req.content.exception() is None:
+            req.content.set_exception(exc)
 
     def eof_received(self) -> bool | None:
         return self.inner.eof_received() if self.inner is not None else None
@@ -245,6 +294,16 @@ def _middleware(gate: _Gate) -> Any:
             return await handler(request)
         conn.request_started(request)
         try:
+            refused = browser_refusal(request, strict=request.app.get(REFUSE_BROWSERS, False))
+            if refused is not None:
+                _log.info(
+                    "%s: %s %s refused: %s",
+                    gate.name,
+                    request.method,
+                    request.path,
+                    refused,
+                )
+                return _json_error(403, refused)
             return await handler(request)
         except ConnectionError as exc:
             t = request.transport
@@ -256,6 +315,24 @@ def _middleware(gate: _Gate) -> Any:
                 _log.debug(msg, gate.name, request.method, request.path, why)
             # Nobody will read this: aiohttp drops it quietly on the closed connection.
             return web.Response(status=499)
+        except Exception as exc:
+            if (bad := parse_error(exc)) is None:
+                raise
+            # The request's body broke aiohttp's parser mid-read (a bad chunk, say): the
+            # client's error, one line, a 400; the connection cannot carry another request.
+            if not reported(bad):
+                msg = "%s: %s %s: bad request body from %s: %s"
+                _log.info(
+                    msg,
+                    gate.name,
+                    request.method,
+                    request.path,
+                    request.remote,
+                    one_line(bad),
+                )
+            resp = _json_error(400, f"bad request body: {one_line(bad)}")
+            resp.force_close()
+            return resp
         finally:
             conn.request_done()
 
@@ -310,7 +387,8 @@ async def start_http(
     """Serve `app` on host:port (port 0 picks one) or on a bound `sock`, within `limits`.
 
     `name` prefixes the server's log lines. The app must not be running yet: a middleware is
-    added to it (outermost) to see each request arrive.
+    added to it (outermost) to see each request arrive, apply the browser guard and answer a
+    malformed body. An app that sets REFUSE_BROWSERS refuses browsers outright.
     """
     app.middlewares.insert(0, _middleware(gate := _Gate(limits, name)))
     runner = web.AppRunner(
@@ -318,6 +396,7 @@ async def start_http(
         handle_signals=False,
         access_log=None,
         shutdown_timeout=shutdown_timeout,
+        logger=ServerLog(name),
         **limits.aiohttp_kwargs(),
     )
     await runner.setup()
@@ -331,7 +410,11 @@ async def start_http(
             )
         else:
             server = await loop.create_server(
-                lambda: _Connection(gate, inner), host, port, backlog=backlog, reuse_address=True
+                lambda: _Connection(gate, inner),
+                host,
+                port,
+                backlog=backlog,
+                reuse_address=True,
             )
     except BaseException:
         await runner.cleanup()
