@@ -559,6 +559,18 @@ FLAGS: dict[str, Tests] = {
     "testbed sweep --no-saturation": SWEEP_CLI,
     "testbed sweep --quiet": SWEEP_CLI,
     "testbed sweep --ray": SWEEP + "test_ray_without_ray_or_cluster_is_one_line",
+    "testbed sweep --max-requests": (
+        "tests/cli/test_cli_max_requests.py::test_the_flag_reaches_prepare_run",
+        "tests/cli/test_cli_max_requests.py::test_a_lowered_cap_refuses_a_small_scenario",
+    ),
+    "testbed hindsight --max-requests": (
+        "tests/cli/test_cli_max_requests.py::test_the_flag_reaches_prepare_run",
+        "tests/cli/test_cli_max_requests.py::test_a_lowered_cap_refuses_a_small_scenario",
+    ),
+    "testbed scorecard --max-requests": (
+        "tests/cli/test_cli_max_requests.py::test_the_flag_reaches_prepare_run",
+        "tests/cli/test_cli_max_requests.py::test_a_lowered_cap_refuses_a_small_scenario",
+    ),
     "testbed --version": CLI + "test_version",
     "testbed profile fit --form": FIT_FLAGS,
     "testbed profile fit --json": FIT_FLAGS,
