@@ -151,7 +151,7 @@ async def test_prometheus_scrapes_router_and_every_worker(tmp_path: Path) -> Non
         services = {"router", "prfaas-prefill-0", "local-prefill-0", "local-decode-0"}
         timeout = aiohttp.ClientTimeout(total=60)
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            body = {"model": "m", "prompt": "scrape me", "max_tokens": 4}
+            body = {"model": "internal-1t-hybrid", "prompt": "scrape me", "max_tokens": 4}
             for _ in range(3):
                 async with session.post(f"{ep.openai_base}/completions", json=body) as resp:
                     assert resp.status == 200, await resp.text()

@@ -105,7 +105,9 @@ async def test_openai_client_streams_a_completion(tmp_path: Path) -> None:
         words = codec().filler  # the emulated engine's whole-word tokens (router.text)
         assert text == "".join(words[:12]) and len(codec().encode(text)) == 12
         assert finish == "length"
-        plain = await client.completions.create(model="m", prompt="hi", max_tokens=3)
+        plain = await client.completions.create(
+            model="internal-1t-hybrid", prompt="hi", max_tokens=3
+        )
         assert plain.choices[0].text == "".join(words[:3])
         assert plain.usage is not None and plain.usage.completion_tokens == 3
     finally:

@@ -71,11 +71,20 @@ async def test_standing_deployment_serves_records_and_cleans_up(tmp_path: Path) 
     assert ep.openai_base.endswith("/v1") and ep.link_api is not None
     assert set(ep.metrics) >= {"router", "local-decode-0", "prfaas-prefill-0"}
     async with aiohttp.ClientSession() as session:
-        body = {"model": "m", "prompt": "the link is slow", "max_tokens": 12, "stream": True}
+        body = {
+            "model": "internal-1t-hybrid",
+            "prompt": "the link is slow",
+            "max_tokens": 12,
+            "stream": True,
+        }
         async with session.post(f"{ep.openai_base}/completions", json=body) as resp:
             events = [line async for line in resp.content if line.startswith(b"data: {")]
         assert len(events) == 12 + 1  # one event per token (flush_interval_s 0), then the end
-        chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        chat = {
+            "model": "internal-1t-hybrid",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 3,
+        }
         async with session.post(f"{ep.openai_base}/chat/completions", json=chat) as resp:
             assert resp.status == 200
         async with session.get(f"{ep.router}/generate") as resp:

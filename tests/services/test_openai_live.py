@@ -20,6 +20,8 @@ from testbed.services.router.text import TextCodec, block_hashes
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "data" / "tiny.yaml"
+MODEL = "internal-1t-hybrid"
+"""The tiny deployment's model: a request naming another is a 404, as vLLM answers."""
 PROMPT = "The scheduler moves work to the local cluster when the link is slow."
 
 pytestmark = pytest.mark.slow
@@ -47,16 +49,16 @@ async def test_openai_client_completions_and_chat_with_usage(deployment: _Run) -
     client = _client(deployment)
     try:
         models = await client.models.list()
-        assert [m.id for m in models.data] == [deployment.rp.deployment.model]
+        assert [m.id for m in models.data] == [deployment.rp.deployment.model] == [MODEL]
 
-        done = await client.completions.create(model="m", prompt=PROMPT, max_tokens=7)
+        done = await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=7)
         assert done.usage is not None
         assert (done.usage.prompt_tokens, done.usage.completion_tokens) == (n_prompt, 7)
         assert done.choices[0].finish_reason == "length"
         assert len(codec.encode(done.choices[0].text)) == 7  # the text re-counts the same
 
         chat = await client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": PROMPT}], max_completion_tokens=5
+            model=MODEL, messages=[{"role": "user", "content": PROMPT}], max_completion_tokens=5
         )
         assert chat.usage is not None and chat.usage.prompt_tokens == n_prompt
         assert chat.usage.completion_tokens == 5
@@ -64,7 +66,7 @@ async def test_openai_client_completions_and_chat_with_usage(deployment: _Run) -
         assert len(codec.encode(chat.choices[0].message.content or "")) == 5
 
         stream = await client.completions.create(
-            model="m",
+            model=MODEL,
             prompt=PROMPT,
             max_tokens=6,
             stream=True,
@@ -79,7 +81,7 @@ async def test_openai_client_completions_and_chat_with_usage(deployment: _Run) -
         assert len(codec.encode("".join(texts))) == 6
 
         chat_stream = await client.chat.completions.create(
-            model="m",
+            model=MODEL,
             messages=[
                 {"role": "system", "content": "Be brief."},
                 {"role": "user", "content": "Hi"},
@@ -99,7 +101,7 @@ async def test_openai_client_completions_and_chat_with_usage(deployment: _Run) -
         assert finish == "length" and len(codec.encode("".join(parts))) == 4
 
         # without include_usage a stream carries no usage chunk
-        plain = await client.completions.create(model="m", prompt="x", max_tokens=2, stream=True)
+        plain = await client.completions.create(model=MODEL, prompt="x", max_tokens=2, stream=True)
         usages = [chunk.usage async for chunk in plain]
         assert len(usages) >= 2 and all(u is None for u in usages)  # tokens, then the end
     finally:
@@ -120,7 +122,7 @@ async def test_text_prompts_share_prefix_block_hashes(deployment: _Run) -> None:
     url = deployment.router.url
     async with aiohttp.ClientSession() as session:
         for prompt in (shared + " link", shared + " time"):
-            body = {"model": "m", "prompt": prompt, "max_tokens": 2}
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 2}
             async with session.post(f"{url}/v1/completions", json=body) as resp:
                 assert resp.status == 200, await resp.text()
         async with session.get(f"{url}/stats") as resp:
@@ -170,10 +172,10 @@ async def test_every_services_metrics_parse_with_vllm_names_and_counters_move(
         try:
             for i in range(3):
                 await client.completions.create(
-                    model="m", prompt=PROMPT * (1 + i), max_tokens=5, stream=True
+                    model=MODEL, prompt=PROMPT * (1 + i), max_tokens=5, stream=True
                 )
                 stream = await client.completions.create(
-                    model="m", prompt=PROMPT, max_tokens=5, stream=True
+                    model=MODEL, prompt=PROMPT, max_tokens=5, stream=True
                 )
                 async for _ in stream:
                     pass

@@ -39,9 +39,14 @@ async def test_torch_text_is_the_models_output_streamed_or_not(deployment: _Run)
     codec = TextCodec()
     client = AsyncOpenAI(base_url=f"{url}/v1", api_key="none", timeout=120)
     try:
-        whole = await client.completions.create(model="m", prompt="the link", max_tokens=8)
+        whole = await client.completions.create(
+            model=deployment.rp.deployment.model, prompt="the link", max_tokens=8
+        )
         stream = await client.completions.create(
-            model="m", prompt="the link is slow", max_tokens=8, stream=True
+            model=deployment.rp.deployment.model,
+            prompt="the link is slow",
+            max_tokens=8,
+            stream=True,
         )
         pieces = [c.text async for chunk in stream for c in chunk.choices]
     finally:

@@ -108,7 +108,6 @@ async def _decode_half(request: web.Request, chat: bool) -> web.StreamResponse:
         chat=chat,
         max_output_tokens=state.engine.max_output_tokens,
         model=spec.model,
-        encode=codec().encode,
     )
     wire_id = new_wire_id()
     expected = sum(wire_layer_bytes(MODELS[spec.model], req.input_tokens, spec.byte_scale))

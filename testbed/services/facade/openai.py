@@ -3,15 +3,18 @@ answer in.
 
 A body with `input_tokens` (and `hash_ids`) is sized from them, without tokenizing: the load
 generator sends both with its text prompt, and a 30K-token prompt would otherwise cost 0.06 s of
-CPU per half. Otherwise the prompt (`prompt`, or chat `messages`) is tokenized with the shipped
-tokenizer, off the event loop. Unknown fields are ignored (the gateway adds a dozen of its own:
-tests/services/facade/fixtures). Errors are in OpenAI's shape, so the gateway forwards a reason
-a client can read.
+CPU per half. Otherwise the prompt (`prompt`, or chat `messages`) is read and sized as our
+router's OpenAI front reads it (services.openai_request: a long one in a tokenizer worker
+process, a 400 above its token cap, a 503 when the tokenizer's queue is full, which the gateway
+retries). `n`, `best_of`, `stream`, `stream_options.include_usage` and `model` are checked as
+there; `model` may be any name (the gateway forwards its client's name, as SGLang's workers take
+it), but it must be a short string, since it is echoed in every chunk. Unknown fields are
+ignored (the gateway adds a dozen of its own: tests/services/facade/fixtures). Errors are in
+OpenAI's shape, so the gateway forwards a reason a client can read.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -19,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from testbed.services import openai_doc
+from testbed.services import openai_doc, openai_request
 from testbed.services.validate import int_field
 
 __all__ = [
@@ -35,7 +38,6 @@ __all__ = [
 
 MAX_INPUT_TOKENS = 10_000_000
 DEFAULT_MAX_TOKENS = 16
-MAX_PROMPT_CHARS = 64 << 20
 MAX_ROOM = (1 << 64) - 1
 
 
@@ -75,42 +77,27 @@ def _error(message: str) -> web.HTTPException:
     return openai_error(message)
 
 
-async def _prompt_tokens(body: dict[str, Any], chat: bool, encode: Any) -> int:
+def _busy(message: str) -> web.HTTPException:
+    """The tokenizer's queue is full: the 503 the gateway retries (as `unavailable`)."""
+    return openai_error(message, web.HTTPServiceUnavailable, "service_unavailable")
+
+
+async def _prompt_tokens(body: dict[str, Any], chat: bool) -> int:
     if "input_tokens" in body:  # the load generator's own count: no tokenizing
         return int_field(body, "input_tokens", 1, MAX_INPUT_TOKENS, error=_error)
     if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _error("messages must be a non-empty list")
-        parts = []
-        for m in messages:
-            content = m.get("content") if isinstance(m, dict) else None
-            if isinstance(content, list):  # content parts: the text ones
-                content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-            if not isinstance(content, str):
-                raise _error("each message needs a string content (or text parts)")
-            parts.append(content)
-        text = "\n".join(parts)
+        prompt: str | list[int] = openai_request.chat_text(body.get("messages"), _error)
     else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1:
-            prompt = prompt[0]
-        if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
-            return len(prompt)
-        if not isinstance(prompt, str):
-            raise _error("prompt must be a string or a list of token ids (one prompt)")
-        text = prompt
-    if len(text) > MAX_PROMPT_CHARS:
-        raise _error(f"prompt too long (at most {MAX_PROMPT_CHARS} characters)")
-    n = len(await asyncio.to_thread(encode, text))
-    return max(n, 1)  # an empty prompt still prefills one token
+        prompt = openai_request.completion_prompt(body.get("prompt"), _error)
+    sized = await openai_request.size_prompt(prompt, error=_error, busy=_busy)
+    return sized.tokens
 
 
 async def parse_request(
-    body: dict[str, Any], *, chat: bool, max_output_tokens: int, model: str, encode: Any
+    body: dict[str, Any], *, chat: bool, max_output_tokens: int, model: str
 ) -> FacadeRequest:
-    """The request's fields, checked (a 400 in OpenAI's shape for a bad one). `encode` is the
-    shipped tokenizer's, for prompts that come without `input_tokens`."""
+    """The request's fields, checked (a 400 in OpenAI's shape for a bad one; a 503 when the
+    tokenizer is busy); `model` is the served model, for a request that names none."""
     host = body.get("bootstrap_host")
     if not isinstance(host, str) or not 1 <= len(host) <= 255 or "bootstrap_room" not in body:
         raise _error(
@@ -125,14 +112,17 @@ async def parse_request(
     label = body.get("testbed_request_id")
     if label is not None and (not isinstance(label, str) or not 1 <= len(label.encode()) <= 64):
         raise _error("testbed_request_id must be a string of 1 to 64 bytes")
-    opts = body.get("stream_options")
+    openai_request.one_choice(body, _error)
+    name = openai_request.model_field(body, model, _error)
+    stream = openai_request.stream_field(body, _error)
+    usage = openai_request.include_usage(body, _error)
     return FacadeRequest(
         chat=chat,
-        model=str(body.get("model") or model),
-        input_tokens=await _prompt_tokens(body, chat, encode),
+        model=name,
+        input_tokens=await _prompt_tokens(body, chat),
         output_tokens=output,
-        stream=bool(body.get("stream")),
-        include_usage=isinstance(opts, dict) and bool(opts.get("include_usage")),
+        stream=stream,
+        include_usage=usage,
         room=room,
         bootstrap_host=host,
         bootstrap_port=port,

@@ -122,9 +122,7 @@ async def _prefill_half(request: web.Request, chat: bool) -> web.StreamResponse:
     fac = request.app[FACADE]
     state = fac.state
     body = await json_body(request, error=openai_error)
-    req = await parse_request(
-        body, chat=chat, max_output_tokens=1 << 30, model=state.spec.model, encode=codec().encode
-    )
+    req = await parse_request(body, chat=chat, max_output_tokens=1 << 30, model=state.spec.model)
     room = fac.rooms.get(req.room)
     work = state.engine.parse({"uncached_tokens": req.input_tokens})
 

@@ -1,12 +1,21 @@
 """The OpenAI surface: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`.
 
-Prompts are counted with the shipped tokenizer (services.router.text), so `usage` is what a
+Prompts are counted with the shipped tokenizer (services.tokenizer), so `usage` is what a
 client counting with the same tokenizer counts, and text prompts get prefix-cache block hashes
-from their token ids. `/v1/completions` also takes the explicit `input_tokens` (and `hash_ids`)
-of a trace replay, which then replace the count and the hashes. Output is `max_tokens` tokens
-(`max_completion_tokens` for chat; default 16), `finish_reason` "length": the emulated engine
-generates counts, shown as whole-word tokens that re-tokenize to the same count; with `engine:
-torch` the text is the tiny model's real output, decoded (streamed as it is generated).
+from their token ids. The prompt shapes, the limits on them and the checked fields are both
+OpenAI fronts' (services.openai_request): a long text prompt is tokenized in a worker process,
+never on the event loop; above MAX_PROMPT_TOKENS tokens it is a 400, and with the tokenizer's
+queue full a 503 (`type: server_error`). A client that leaves while its prompt is being sized
+leaves a record (failed, "client disconnected", no tokens). `/v1/completions` also takes the
+explicit `input_tokens` (and `hash_ids`) of a trace replay, which then replace the count and
+the hashes. Output is `max_tokens` tokens (`max_completion_tokens` for chat; default 16),
+`finish_reason` "length": the emulated engine generates counts, shown as whole-word tokens
+that re-tokenize to the same count; with `engine: torch` the text is the tiny model's real
+output, decoded (streamed as it is generated).
+
+`model` must name the served model (`GET /v1/models`; absent: that one): another name is a 404
+`NotFoundError`, "The model `x` does not exist.", as vLLM answers. `n` and `best_of` other
+than 1, and a `stream` or `stream_options.include_usage` that is not a boolean, are 400s.
 
 `stream: true` sends server-sent events, one chunk per batch of tokens the decode instance
 produced (every token at `testbed up`), then `data: [DONE]`; with
@@ -19,14 +28,17 @@ import asyncio
 import contextlib
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from testbed.metrics.records import RequestRecord
-from testbed.services import openai_doc
+from testbed.services import openai_doc, openai_request
+from testbed.services.openai_request import Sized
 from testbed.services.router.dispatch import RouterState
+from testbed.services.router.errors import CLIENT_GONE, SHUT_DOWN
 from testbed.services.router.intake import (
     STATE,
     api_error,
@@ -36,55 +48,13 @@ from testbed.services.router.intake import (
     read_body,
     token_sink,
 )
-from testbed.services.router.text import block_hashes, codec
+from testbed.services.router.text import codec
 
 __all__ = ["MAX_INPUT_TOKENS", "MAX_OUTPUT_TOKENS", "chat_completions", "completions", "models"]
 
 MAX_INPUT_TOKENS = 10_000_000
 MAX_OUTPUT_TOKENS = 1_000_000
 DEFAULT_MAX_TOKENS = 16
-MAX_PROMPT_CHARS = 64 << 20
-"""Longest text prompt the router tokenizes (the body limit bounds it already; this says so)."""
-
-
-async def _prompt_ids(prompt: Any) -> list[int]:
-    """A completions `prompt` as token ids: a string, a list of one string, token ids, or a
-    list of one list of token ids (one prompt per request)."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return await _encode(prompt)
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in prompt)
-    ):
-        return [int(t) for t in prompt]
-    raise api_error("prompt must be a string or a non-empty list of token ids (one prompt)")
-
-
-async def _chat_ids(messages: Any) -> list[int]:
-    """Chat `messages` as token ids: each message's text content, one per line."""
-    if not isinstance(messages, list) or not messages:
-        raise api_error("messages must be a non-empty list")
-    parts = []
-    for m in messages:
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, list):  # content parts: keep the text ones
-            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-        if not isinstance(content, str):
-            raise api_error("each message needs a string content (or text parts)")
-        parts.append(content)
-    return await _encode("\n".join(parts))
-
-
-async def _encode(text: str) -> list[int]:
-    """Token ids of a text prompt, tokenized off the event loop: a 40K-token prompt takes
-    about 0.1 s, which would otherwise delay every other request's streamed tokens."""
-    if len(text) > MAX_PROMPT_CHARS:
-        raise api_error(f"prompt too long (at most {MAX_PROMPT_CHARS} characters)")
-    ids = await asyncio.to_thread(codec().encode, text)
-    return ids or [0]  # an empty prompt still prefills one token
 
 
 def _max_tokens(body: dict[str, Any]) -> int:
@@ -93,24 +63,80 @@ def _max_tokens(body: dict[str, Any]) -> int:
     return positive_int(body, key, MAX_OUTPUT_TOKENS, DEFAULT_MAX_TOKENS)
 
 
-def _include_usage(body: dict[str, Any]) -> bool:
-    opts = body.get("stream_options")
-    return isinstance(opts, dict) and bool(opts.get("include_usage"))
+def _error(
+    status: type[web.HTTPException], message: str, kind: str, **extra: Any
+) -> web.HTTPException:
+    return status(
+        text=json.dumps({"error": {"message": message, "type": kind, **extra}}),
+        content_type="application/json",
+    )
+
+
+def _busy(message: str) -> web.HTTPException:
+    """The tokenizer's queue is full: a 503 a client may retry."""
+    return _error(web.HTTPServiceUnavailable, message, "server_error")
+
+
+def _served(state: RouterState) -> list[str]:
+    """The models this router serves: what `GET /v1/models` lists."""
+    return [state.spec.model]
+
+
+@dataclass(frozen=True)
+class _Fields:
+    """A request's fields other than the prompt, checked before the prompt is sized."""
+
+    model: str
+    stream: bool
+    include_usage: bool
+    output_tokens: int
+
+
+def _fields(state: RouterState, body: dict[str, Any]) -> _Fields:
+    openai_request.one_choice(body, api_error)
+    model = openai_request.model_field(body, state.spec.model, api_error)
+    if model not in _served(state):  # as vLLM answers a name it does not serve
+        raise _error(web.HTTPNotFound, f"The model `{model}` does not exist.", "NotFoundError",
+                     param="model", code=404)  # fmt: skip
+    return _Fields(
+        model,
+        openai_request.stream_field(body, api_error),
+        openai_request.include_usage(body, api_error),
+        _max_tokens(body),
+    )
+
+
+async def _sized(
+    state: RouterState, arrival: float, fields: _Fields, prompt: str | list[int]
+) -> Sized:
+    """The prompt's size; a client that leaves meanwhile (its handler is cancelled) leaves a
+    record saying so, as one that leaves mid-stream does (services.router.dispatch)."""
+    try:
+        return await openai_request.size_prompt(prompt, error=api_error, busy=_busy)
+    except asyncio.CancelledError:
+        rec = RequestRecord(
+            id=claim(state, {}),
+            input_tokens=0,
+            output_tokens=fields.output_tokens,
+            arrival=arrival,
+            failure_reason=SHUT_DOWN if state.closing else CLIENT_GONE,
+        )
+        state.record_log.append(rec)
+        raise
 
 
 class _Call:
     """One OpenAI request: the shape of its chunks and how it runs on the router."""
 
-    def __init__(
-        self, state: RouterState, body: dict[str, Any], chat: bool, arrival: float
-    ) -> None:
+    def __init__(self, state: RouterState, fields: _Fields, chat: bool, arrival: float) -> None:
         self.state = state
         self.chat = chat
         self.rid = claim(state, {})
         self.cid = f"{'chatcmpl' if chat else 'cmpl'}-{self.rid}"
         self.created = int(time.time())
-        self.model = str(body.get("model", state.spec.model))
-        self.stream = bool(body.get("stream"))
+        self.model = fields.model
+        self.stream = fields.stream
+        self.include_usage = fields.include_usage
         self.arrival = arrival
         """When the router received the request (before reading and tokenizing it)."""
 
@@ -132,14 +158,13 @@ class _Call:
     async def run(
         self,
         request: web.Request,
-        body: dict[str, Any],
         input_tokens: int,
         output_tokens: int,
         hash_ids: tuple[int, ...],
     ) -> web.StreamResponse:
         state = self.state
         if self.stream:
-            return await self._stream(request, body, input_tokens, output_tokens, hash_ids)
+            return await self._stream(request, input_tokens, output_tokens, hash_ids)
         total = 0
 
         async def count(n: int) -> None:
@@ -160,7 +185,6 @@ class _Call:
     async def _stream(
         self,
         request: web.Request,
-        body: dict[str, Any],
         input_tokens: int,
         output_tokens: int,
         hash_ids: tuple[int, ...],
@@ -189,7 +213,7 @@ class _Call:
         )
         if rec.status == "completed":
             tail = _event(self.doc([self.choice("", "length")]))
-            if _include_usage(body):
+            if self.include_usage:
                 usage = self.doc([])
                 usage["usage"] = _usage(rec)
                 tail += _event(usage)
@@ -226,46 +250,44 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body = await read_body(request)
     if "prompt" not in body:
         raise api_error("prompt is required")
+    fields = _fields(state, body)
     if "input_tokens" in body:  # a trace replay: its length and blocks, whatever the text
         input_tokens = positive_int(body, "input_tokens", MAX_INPUT_TOKENS)
         hash_ids = hash_ids_field(body, input_tokens)
     else:
-        ids = await _prompt_ids(body["prompt"])
-        input_tokens = len(ids)
-        hash_ids = block_hashes(ids)
-    if input_tokens > MAX_INPUT_TOKENS:
-        raise api_error(f"prompt too long (at most {MAX_INPUT_TOKENS} tokens)")
-    output_tokens = _max_tokens(body)
-    call = _Call(state, body, False, arrival)  # last: a refused request uses up no id
-    return await call.run(request, body, input_tokens, output_tokens, hash_ids)
+        prompt = openai_request.completion_prompt(body["prompt"], api_error)
+        sized = await _sized(state, arrival, fields, prompt)
+        input_tokens, hash_ids = sized.tokens, sized.hashes
+    call = _Call(state, fields, False, arrival)  # last: a refused request uses up no id
+    return await call.run(request, input_tokens, fields.output_tokens, hash_ids)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     arrival = state.clock.now()
     body = await read_body(request)
-    ids = await _chat_ids(body.get("messages"))
-    if len(ids) > MAX_INPUT_TOKENS:
-        raise api_error(f"prompt too long (at most {MAX_INPUT_TOKENS} tokens)")
-    output_tokens = _max_tokens(body)
-    call = _Call(state, body, True, arrival)
-    return await call.run(request, body, len(ids), output_tokens, block_hashes(ids))
+    fields = _fields(state, body)
+    text = openai_request.chat_text(body.get("messages"), api_error)
+    sized = await _sized(state, arrival, fields, text)
+    call = _Call(state, fields, True, arrival)
+    return await call.run(request, sized.tokens, fields.output_tokens, sized.hashes)
 
 
 async def models(request: web.Request) -> web.Response:
-    """The one model the deployment serves (any `model` name is accepted in requests)."""
+    """The one model the deployment serves (a request naming another is a 404)."""
     state = request.app[STATE]
     return web.json_response(
         {
             "object": "list",
             "data": [
                 {
-                    "id": state.spec.model,
+                    "id": name,
                     "object": "model",
                     "created": 0,
                     "owned_by": "prfaas-testbed",
                     "max_model_len": MAX_INPUT_TOKENS,
                 }
+                for name in _served(state)
             ],
         }
     )
