@@ -136,6 +136,10 @@ FIELDS: dict[str, Tests] = {
         "tests/scenario/test_external_router.py::test_a_router_that_exits_is_one_line_with_its_stderr",
     ),
     "ExternalRouterConfig.ready_timeout": "tests/scenario/test_external_router.py::test_a_router_never_ready_is_stopped_after_ready_timeout",
+    "ServiceSpec.keeper_token": (
+        "tests/services/test_router_records.py::test_the_keepers_routes_need_the_runs_token",
+        "tests/services/test_router_records.py::test_without_a_token_no_reader_can_be_a_keeper",
+    ),
     "ServiceSpec.facade": (
         "tests/services/facade/test_sglang_facade.py::test_without_a_facade_a_worker_serves_only_our_routers_api",
         "tests/services/facade/test_sglang_facade.py::test_recorded_requests_are_prefilled_moved_verified_and_decoded",
@@ -618,6 +622,10 @@ FLAGS: dict[str, Tests] = {
     "testbed run --percentiles": (
         UP + "test_percentiles_flag_of_run_and_its_errors",
         "tests/metrics/test_bench.py::test_configured_percentiles_join_the_fixed_ones",
+    ),
+    "testbed up --max-requests": (
+        "tests/scenario/test_up_max_requests.py::"
+        "test_up_max_requests_moves_the_cap_and_the_plan_keeps_no_requests"
     ),
     "testbed up --substrate": UP + "test_up_flags_reach_the_plan_and_the_options",
     "testbed up --policy": UP + "test_up_flags_reach_the_plan_and_the_options",

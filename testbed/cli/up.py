@@ -1,17 +1,19 @@
 """`testbed up SCENARIO.yaml`: stand the scenario's deployment up for outside clients until
 Ctrl-C or SIGTERM, then write the usual results (scenario.standing). Every request's record is
-journaled as it ends, so even a SIGKILL keeps them; `--prometheus` (compose) adds a Prometheus
-server scraping every service."""
+journaled before its client sees it end, so even a SIGKILL keeps them; a service that dies is
+reported at once and in the exit report; `--prometheus` (compose) adds a Prometheus server
+scraping every service."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.cli.run import add_percentiles
+from testbed.cli.run import add_max_requests, add_percentiles
 from testbed.errors import UserError
 from testbed.metrics.summary import to_text
 from testbed.scenario.library import resolve_scenario
@@ -44,6 +46,10 @@ def _banner(ep: Endpoints, time_scale: float) -> None:
     print("\n".join(lines), flush=True)
 
 
+def _notice(line: str) -> None:
+    print(f"testbed: {line}", file=sys.stderr, flush=True)
+
+
 def _up(args: argparse.Namespace) -> int:
     if args.substrate not in SUBSTRATES:
         raise UserError(f"substrate {args.substrate!r} is not available; use 'local' or 'compose'")
@@ -57,9 +63,13 @@ def _up(args: argparse.Namespace) -> int:
         out_dir=out,
         progress=False,
         percentiles=args.percentiles,
+        max_requests=args.max_requests,
     )
     time_scale = args.time_scale if args.time_scale is not None else 1.0
-    rp = at_time_scale(prepare_run(scenario, opts), time_scale)
+    # The plan's requests are for `run`'s load generator: outside clients are the load here, so
+    # they are dropped at once instead of held for as long as the deployment stands (the cap
+    # on how many a scenario may plan still applies, and --max-requests moves it).
+    rp = dataclasses.replace(at_time_scale(prepare_run(scenario, opts), time_scale), requests=[])
     if time_scale != 1.0:
         print(
             f"testbed: warning: time_scale {time_scale:g}: the deployment runs {time_scale:g}x "
@@ -81,9 +91,12 @@ def _up(args: argparse.Namespace) -> int:
             faults=not args.no_faults,
             on_ready=lambda e: _banner(e, time_scale),
             prometheus=args.prometheus,
+            on_notice=_notice,
         )
     )
     print(to_text(result.summary))
+    for note in result.notes:  # services dead at exit, a stalled keeper, the signal
+        print(f"note: {note}")
     for check in result.checks:
         shown = {"ok": "ok", "failed": "FAILED", "vacuous": "VACUOUS"}[check.verdict]
         print(f"check {check.name}: {shown} - {check.detail}")
@@ -119,4 +132,5 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--out", metavar="DIR", help="results directory (default: results/NAME-up)")
     add_percentiles(p)
+    add_max_requests(p)
     p.set_defaults(func=_up)

@@ -6,10 +6,14 @@ event stream, nemesis player and results writer. What differs from `run`:
 
 - no load of its own: clients (AIPerf, the openai package, curl) talk to the router's OpenAI
   surface, and every request any of them sends is in the records: the runner follows the
-  router's `GET /records` as a keeper (services.router.recorded), journals each record to
-  requests.jsonl as `run` does (`_Run.journal_to`) and acknowledges it, and the router holds a
-  request's last bytes until then; so once a client has seen its request end, its record is on
-  disk, and a SIGKILL of `testbed up` loses none of them;
+  router's `GET /records` as its keeper (services.router.recorded; authenticated by a random
+  token only this runner and the router know), journals each record to requests.jsonl as `run`
+  does (`_Run.journal_to`) and acknowledges it, and the router holds a request's last bytes
+  until then, however long; so once a client has seen its request end, its record is on disk,
+  and a SIGKILL of `testbed up` (stalled or not) loses none of them. A runner that stalls
+  stalls the answers: the router logs it, and the runner says so when it resumes;
+- it watches its services: one that dies (a worker killed from outside, say) is reported on
+  the console at once (`on_notice`) and in the results' notes at exit;
 - time_scale 1 unless told otherwise, so client-side latencies are real-world latencies;
 - tokens stream as the decode step produces them (`ServiceSpec.flush_interval_s` 0), so a
   client's inter-token latency is the engine's, not a flush period's;
@@ -26,6 +30,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import secrets
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +47,7 @@ from testbed.scenario.results import write_results
 from testbed.scenario.runner import SAMPLE_INTERVAL_S, _Run, _shift
 from testbed.scenario.signals import stop_signals
 from testbed.services.pd import DECODE_PREFIX, PREFILL_PREFIX
+from testbed.services.router.recorded import HISTORY_PAGE, KEEPER_HEADER
 from testbed.services.spec import ServiceSpec
 
 __all__ = ["Endpoints", "at_time_scale", "stand_up"]
@@ -50,6 +56,8 @@ DRAIN_S = 30.0
 """Wall seconds requests in flight at the stop get to finish before the processes stop."""
 RECORDS_GRACE_S = 10.0
 """Wall seconds the runner waits, at the end, for the router's last records to reach it."""
+WATCH_S = 1.0
+"""Wall seconds between looks at the services' processes and the router's keeper state."""
 
 
 @dataclass
@@ -82,6 +90,14 @@ class _Standing(_Run):
         super().__init__(rp, opts)
         self.records_seen = 0
         """Highest `seq` of the router's records journaled (services.router.recorded)."""
+        self.keeper_token = secrets.token_urlsafe(32)
+        """The router holds answers only for a keeper with this (ServiceSpec.keeper_token)."""
+        self.deaths: dict[str, tuple[float, str]] = {}
+        """Services whose process has ended: id -> (run time, how it ended)."""
+        self.revived: list[str] = []
+        """Services that died and came back (a nemesis restart), for the notes."""
+        self.keeper_stalls = 0
+        """Times the router found this runner's keeping stalled (its /stats' keeper.stalls)."""
         if prometheus:
             enable = getattr(self.substrate, "enable_prometheus", None)
             if enable is None:
@@ -91,6 +107,8 @@ class _Standing(_Run):
     def _spec(self, role: str, sid: str, cluster: str, hardware: str) -> ServiceSpec:
         spec = super()._spec(role, sid, cluster, hardware)
         spec.flush_interval_s = 0.0
+        if role == "router":
+            spec.keeper_token = self.keeper_token
         return spec
 
     def endpoints(self) -> Endpoints:
@@ -111,8 +129,16 @@ class _Standing(_Run):
             prometheus=getattr(self.substrate, "prometheus_url", None),
         )
 
-    async def serve(self, stop: asyncio.Event, faults: bool, drain_s: float) -> None:
-        """Sample, follow events and play faults until `stop`; then drain and collect."""
+    async def serve(
+        self,
+        stop: asyncio.Event,
+        faults: bool,
+        drain_s: float,
+        on_notice: Callable[[str], None] = lambda _m: None,
+    ) -> None:
+        """Sample, follow events, watch the services and play faults until `stop`; then drain
+        and collect. `on_notice` gets a line for each service that dies and for a stalled
+        keeper."""
         self.clock = self.service_clock.rebased()  # real-world 0: the deployment is up
         connector = aiohttp.TCPConnector(limit=0)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
@@ -120,6 +146,7 @@ class _Standing(_Run):
             sampler = asyncio.create_task(self._sample(session))
             follower = asyncio.create_task(self._scheduler_events(session))
             keeper = asyncio.create_task(self._keep_records(session))
+            watcher = asyncio.create_task(self._watch(session, on_notice))
             nemesis = asyncio.create_task(
                 NemesisPlayer(
                     self, self.rp.faults if faults else [], self.history, self.clock
@@ -130,9 +157,11 @@ class _Standing(_Run):
             finally:
                 await stop_player(nemesis)
                 await self._drain(session, drain_s)
-                sampler.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sampler
+                for task in (sampler, watcher):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                self._death_notes()
                 await self._end_events(session, follower)
                 await self._engine_stats(session)
                 await self._end_records(session, keeper)
@@ -162,19 +191,70 @@ class _Standing(_Run):
         client. A broken stream resumes after the last record kept."""
         assert self.router is not None
         url = f"{self.router.url}/records"
+        auth = {KEEPER_HEADER: self.keeper_token}
         while True:  # ends when cancelled (_end_records)
             with contextlib.suppress(aiohttp.ClientError, ValueError, KeyError, TypeError):
                 params = {"after": self.records_seen, "keep": 1}
-                async with session.get(url, params=params) as resp:
+                async with session.get(url, params=params, headers=auth) as resp:
+                    resp.raise_for_status()
                     async for line in resp.content:
                         doc = json.loads(line)
                         seq = int(doc["seq"])
                         if seq > self.records_seen:
                             self._keep(doc["record"])  # flushed to requests.jsonl here
                             self.records_seen = seq
-                        async with session.post(f"{url}/kept", json={"seq": seq}) as ack:
+                        body = {"seq": seq}
+                        async with session.post(f"{url}/kept", json=body, headers=auth) as ack:
                             await ack.read()
             await asyncio.sleep(SAMPLE_INTERVAL_S)
+
+    async def _watch(
+        self, session: aiohttp.ClientSession, on_notice: Callable[[str], None]
+    ) -> None:
+        """Every WATCH_S: a line for each service whose process ended (and came back: a
+        nemesis restart), and one when the router says this runner's keeping has stalled."""
+        exited = getattr(self.substrate, "exited", None)  # the local substrate's processes
+        while True:
+            for sid, handle in list(self.services.items()):
+                how = exited(handle) if exited is not None else None
+                if how is not None and sid not in self.deaths:
+                    self.deaths[sid] = (self.clock.now(), how)
+                    on_notice(f"service {sid} died ({how}) at {self.clock.now():.1f}s")
+                elif how is None and sid in self.deaths:
+                    t, how = self.deaths.pop(sid)
+                    now = self.clock.now()
+                    self.revived.append(f"{sid} died ({how}) at {t:.1f}s, ran again at {now:.1f}s")
+                    on_notice(f"service {sid} is running again at {now:.1f}s")
+            await self._watch_keeper(session, on_notice)
+            await asyncio.sleep(WATCH_S)
+
+    async def _watch_keeper(
+        self, session: aiohttp.ClientSession, on_notice: Callable[[str], None]
+    ) -> None:
+        assert self.router is not None
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, KeyError):
+            async with asyncio.timeout(2):
+                async with session.get(f"{self.router.url}/stats") as resp:
+                    keeper = (await resp.json())["keeper"]
+            stalls = int(keeper["stalls"])
+            if stalls > self.keeper_stalls:
+                self.keeper_stalls = stalls
+                on_notice(
+                    f"this runner's journal stalled: the router held answers up to "
+                    f"{float(keeper['longest_hold_s']):.1f}s until their records were on disk"
+                    f" ({int(keeper['answers_held'])} held now)"
+                )
+
+    def _death_notes(self) -> None:
+        """The services dead at the stop, for the results (report.md) and the exit report."""
+        for sid, (t, how) in sorted(self.deaths.items()):
+            self.notes.append(f"service {sid} dead at exit: it died ({how}) at {t:.1f}s")
+        self.notes.extend(f"service {line}" for line in self.revived)
+        if self.keeper_stalls:
+            self.notes.append(
+                f"the keeper stalled {self.keeper_stalls} time(s): the router held answers "
+                "until their records were on disk"
+            )
 
     async def _end_records(
         self, session: aiohttp.ClientSession, keeper: asyncio.Task[None]
@@ -193,13 +273,25 @@ class _Standing(_Run):
         keeper.cancel()
         await asyncio.gather(keeper, return_exceptions=True)
         if made is None or self.records_seen < made:
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, KeyError):
-                async with asyncio.timeout(30):
-                    async with session.get(f"{self.router.url}/history") as resp:
-                        docs = await resp.json()
-                for doc in docs[self.records_seen :]:
-                    self._keep(doc)
+            await self._history_after(session)
         self.submitted.sort(key=lambda rid: self.records[rid].arrival)
+
+    async def _history_after(self, session: aiohttp.ClientSession) -> None:
+        """The records after the last one journaled, from the router's `GET /history`, a page
+        at a time (a page shorter than HISTORY_PAGE is the last; bounded in time)."""
+        assert self.router is not None
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, KeyError):
+            async with asyncio.timeout(30):
+                while True:
+                    params = {"after": self.records_seen, "limit": HISTORY_PAGE}
+                    async with session.get(f"{self.router.url}/history", params=params) as resp:
+                        resp.raise_for_status()
+                        docs = await resp.json()
+                    for doc in docs:
+                        self._keep(doc)
+                        self.records_seen += 1
+                    if len(docs) < HISTORY_PAGE:
+                        return
 
 
 async def stand_up(
@@ -211,9 +303,11 @@ async def stand_up(
     stop: asyncio.Event | None = None,
     drain_s: float = DRAIN_S,
     prometheus: bool = False,
+    on_notice: Callable[[str], None] = lambda _m: None,
 ) -> RunResult:
     """Serve `rp`'s deployment until a stop signal (or `stop`), then write its results;
-    `prometheus` adds a Prometheus server (compose substrate only)."""
+    `prometheus` adds a Prometheus server (compose substrate only); `on_notice` gets a line
+    for each service that dies and for a stalled keeper, as they happen."""
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     run = _Standing(rp, opts, prometheus=prometheus)
     run.journal_to(opts.out_dir)
@@ -228,7 +322,7 @@ async def stand_up(
             try:
                 await run.start()
                 on_ready(run.endpoints())
-                await run.serve(stop, faults, drain_s)
+                await run.serve(stop, faults, drain_s, on_notice)
                 duration = max(run.clock.now(), 1e-3)
             finally:
                 await run.shutdown()

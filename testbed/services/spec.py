@@ -111,6 +111,10 @@ class ServiceSpec(BaseModel):
     request_timeout_s: float = 600.0
     scheduler: SchedulerSpec | None = None
     """Inputs of the short-term loop (policies that re-plan at run time)."""
+    keeper_token: str | None = Field(None, min_length=16, max_length=128)
+    """`testbed up`: the run's random secret a records keeper must send (header
+    `X-Testbed-Keeper-Token`) to hold answers until their records are on disk
+    (services.router.recorded); None (`testbed run`): no reader can be a keeper."""
     prefix_cache_bytes: dict[Literal["prfaas", "local"], float] | None = None
     """Real bytes of prefix cache per cluster for the global KVCache manager
     (testbed.kvcache.manager); None: no prefix cache, every request prefills in full."""

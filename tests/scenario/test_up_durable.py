@@ -11,6 +11,7 @@ as tests/scenario/test_durable_results.py does for `run`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -25,12 +26,15 @@ import pytest
 from aiohttp import web
 
 from testbed.metrics.records import RequestRecord
-from testbed.services.router.recorded import RecordLog, add_record_routes
+from testbed.services.router.recorded import KEEPER_HEADER, RecordLog, add_record_routes
 from tests.processes import alive, jsonl_lines
 from tests.processes import children as child_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "data" / "tiny.yaml"
+MODEL = "internal-1t-hybrid"  # the deployment's (tiny.yaml names none): what /v1/models serves
+TOKEN = "k" * 32
+AUTH = {KEEPER_HEADER: TOKEN}
 
 
 # ------------------------------------------------------------------ the router's record log
@@ -47,19 +51,20 @@ async def _serve(log: RecordLog) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}"
 
 
-async def test_an_answer_waits_for_the_keeper_and_only_while_one_is_connected() -> None:
-    log = RecordLog()
+async def test_an_answer_waits_for_the_keeper_even_after_it_went_away() -> None:
+    log = RecordLog(keeper_token=TOKEN)
     assert log.append(RequestRecord(id="a", input_tokens=1, output_tokens=1, arrival=0.0)) == 1
-    async with asyncio.timeout(5):  # bounds a hang: no keeper, nothing waits
-        assert await log.wait_kept(1) is False
+    early = asyncio.create_task(log.wait_kept(1))  # no keeper connected yet: held all the same
+    await asyncio.sleep(0.1)
+    assert not early.done()
     runner, url = await _serve(log)
     try:
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(headers=AUTH) as session:
             async with session.get(f"{url}/records", params={"keep": 1}) as stream:
                 first = json.loads(await stream.content.readline())
                 assert first["seq"] == 1 and first["record"]["id"] == "a"
                 seq = log.append(RequestRecord(id="b", input_tokens=1, output_tokens=1, arrival=1))
-                waiting = asyncio.create_task(log.wait_kept(seq, timeout_s=60))
+                waiting = asyncio.create_task(log.wait_kept(seq))
                 second = json.loads(await stream.content.readline())
                 assert second["seq"] == 2 and second["record"]["id"] == "b"
                 await asyncio.sleep(0.1)
@@ -67,16 +72,24 @@ async def test_an_answer_waits_for_the_keeper_and_only_while_one_is_connected() 
                 async with session.post(f"{url}/records/kept", json={"seq": 2}) as ack:
                     assert (await ack.json()) == {"kept": 2}
                 async with asyncio.timeout(5):
-                    assert await waiting is True
+                    assert await waiting is True and await early is True
                 seq = log.append(RequestRecord(id="c", input_tokens=1, output_tokens=1, arrival=2))
-                waiting = asyncio.create_task(log.wait_kept(seq, timeout_s=60))
+                waiting = asyncio.create_task(log.wait_kept(seq))
                 await asyncio.sleep(0.1)
                 assert not waiting.done()
-            # the keeper went away without keeping "c": the answer goes out anyway
-            async with asyncio.timeout(5):
-                assert await waiting is False
-            async with session.get(f"{url}/records", params={"after": 2}) as resumed:
+            # the keeper went away without keeping "c": the answer still waits (before, it went
+            # out at once, unjournaled), until a keeper comes back and keeps it
+            for _ in range(50):  # bounded: the router sees the reader leave within 0.5 s
+                if not log.keepers:
+                    break
+                await asyncio.sleep(0.05)
+            assert log.keepers == 0 and not waiting.done()
+            async with session.get(f"{url}/records", params={"after": 2, "keep": 1}) as resumed:
                 assert json.loads(await resumed.content.readline())["record"]["id"] == "c"
+                async with session.post(f"{url}/records/kept", json={"seq": 3}) as ack:
+                    assert ack.status == 200
+                async with asyncio.timeout(5):
+                    assert await waiting is True
                 await log.close()  # the router stops: the stream ends
                 assert await resumed.content.read() == b""
             async with session.get(f"{url}/records", params={"after": "x"}) as bad:
@@ -95,16 +108,19 @@ def _wait_gone(pids: set[int]) -> set[int]:
     return {p for p in pids if alive(p)}
 
 
-def _up(out: Path) -> tuple[subprocess.Popen[str], str]:
-    """`testbed up` on the tiny deployment; returns it and its OpenAI base URL."""
+def _up(
+    out: Path, stderr: Any = subprocess.PIPE, banner: list[str] | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """`testbed up` on the tiny deployment; returns it and its OpenAI base URL (and puts the
+    banner's lines in `banner`)."""
     cmd = [sys.executable, "-m", "testbed.cli", "up", str(TINY), "--out", str(out), "--no-faults"]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True)
     assert proc.stdout is not None
     base = None
     for _ in range(60):  # bounded: the banner is a handful of lines
         line = proc.stdout.readline()
+        if banner is not None:
+            banner.append(line)
         if line.startswith("OpenAI base URL:"):
             base = line.split(":", 1)[1].strip()
         if not line or line.startswith("serving at"):
@@ -118,7 +134,7 @@ def _up(out: Path) -> tuple[subprocess.Popen[str], str]:
 async def _one(session: aiohttp.ClientSession, base: str, i: int) -> str:
     """One request, of the four kinds in turn, read to its end; returns the router's id."""
     chat, stream = bool(i & 1), bool(i & 2)
-    body: dict[str, Any] = {"model": "m", "max_tokens": 3 + i % 3, "stream": stream}
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 3 + i % 3, "stream": stream}
     if chat:
         body["messages"] = [{"role": "user", "content": f"request {i}"}]
     else:
@@ -180,3 +196,144 @@ def test_sigterm_and_sigint_write_every_record(tmp_path: Path, sig: signal.Signa
     assert summary["requests"]["submitted"] == summary["requests"]["completed"] == 4
     assert f"stopped by {sig.name}" in (tmp_path / "report.md").read_text()
     assert jsonl_lines(tmp_path / "history.jsonl")
+
+
+def _service_pid(parent: int, banner: list[str], sid: str) -> int:
+    """The pid of the runner's child that serves `sid`: the one listening on the port of its
+    metrics URL in the banner (`metrics SID: http://127.0.0.1:PORT/metrics`)."""
+    url = next(line.split(": ", 1)[1] for line in banner if line.startswith(f"metrics {sid}:"))
+    port = int(url.split(":")[2].split("/")[0])
+    inodes = set()
+    for row in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        cols = row.split()
+        if int(cols[1].split(":")[1], 16) == port and cols[3] == "0A":  # LISTEN
+            inodes.add(f"socket:[{cols[9]}]")
+    for pid in child_pids(parent):
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(FileNotFoundError):
+                    if os.readlink(fd) in inodes:
+                        return pid
+    raise AssertionError(f"no process listens for {sid} on port {port}")
+
+
+async def _stalled(router: str, tasks: list[asyncio.Task[str]]) -> dict[str, Any]:
+    """Wait (bounded) until the router holds every answer for the stopped keeper and says the
+    keeper stalled, or until the clients are done (what happened before: answers went out
+    unjournaled after 2 s); returns the router's last keeper state."""
+    keeper: dict[str, Any] = {}
+    async with aiohttp.ClientSession() as session:
+        for _ in range(300):  # up to ~60 s
+            with contextlib.suppress(aiohttp.ClientError, KeyError, ValueError):
+                async with session.get(f"{router}/stats") as resp:
+                    keeper = (await resp.json())["keeper"]
+                if keeper["stalled"] and keeper["answers_held"] == len(tasks):
+                    return keeper
+            if all(t.done() for t in tasks):
+                return keeper
+            await asyncio.sleep(0.2)
+    return keeper
+
+
+@pytest.mark.slow
+def test_a_stalled_then_killed_runner_loses_no_record_a_client_saw_end(tmp_path: Path) -> None:
+    """Issue 33, defect 6: with the runner stopped (SIGSTOP) the router used to release answers
+    after 2 s unjournaled, so a SIGKILL then lost records clients had seen complete (6 of 9).
+    Now the answers wait for the keeper: none completes while it is stopped, the router says
+    the keeper stalled, and every record a client saw end is in requests.jsonl."""
+    proc, base = _up(tmp_path)
+    router = base.removesuffix("/v1")
+    n = 9
+
+    async def scenario() -> tuple[list[str], dict[str, Any], list[str | BaseException]]:
+        before = await _clients(base, 3)  # the keeper works: these are journaled
+        os.kill(proc.pid, signal.SIGSTOP)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            tasks = [asyncio.create_task(_one(session, base, i)) for i in range(n)]
+            keeper = await _stalled(router, tasks)
+            os.kill(proc.pid, signal.SIGKILL)  # stopped, then killed: no chance to catch up
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        return before, keeper, list(outcomes)
+
+    try:
+        children = child_pids(proc.pid)
+        before, keeper, outcomes = asyncio.run(scenario())
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+    assert not _wait_gone(children), "services outlived their runner"
+    journaled = {str(r["id"]) for r in jsonl_lines(tmp_path / "requests.jsonl")}
+    seen_end = [o for o in outcomes if isinstance(o, str)]
+    assert set(before) <= journaled
+    assert set(seen_end) <= journaled, f"{len(set(seen_end) - journaled)} of {n} lost"
+    assert keeper.get("stalled") and keeper.get("answers_held") == n  # held, and it shows
+    assert not seen_end  # none ended while the keeper was stopped
+    assert "keeper stalled" in (tmp_path / "logs" / "router.log").read_text()  # one line
+
+
+@pytest.mark.slow
+def test_up_reports_a_worker_killed_from_outside(tmp_path: Path) -> None:
+    """Issue 33, defect 7: a worker SIGKILLed from outside is a console line at once and a note
+    in the exit report (and report.md)."""
+    err_path = tmp_path / "stderr.txt"
+    with err_path.open("w") as err:
+        banner: list[str] = []
+        proc, base = _up(tmp_path / "out", stderr=err, banner=banner)
+        try:
+            asyncio.run(_clients(base, 2))
+            os.kill(_service_pid(proc.pid, banner, "local-decode-0"), signal.SIGKILL)
+            line = "service local-decode-0 died (killed by SIGKILL)"
+            for _ in range(150):  # up to ~30 s: the runner looks every second
+                if line in err_path.read_text():
+                    break
+                time.sleep(0.2)
+            assert line in err_path.read_text()
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    note = "service local-decode-0 dead at exit: it died (killed by SIGKILL)"
+    assert f"note: {note}" in out
+    assert note in (tmp_path / "out" / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_stalled_runner_that_resumes_releases_every_answer_and_says_it_stalled(
+    tmp_path: Path,
+) -> None:
+    """The other side of the hold: once the stopped runner continues, it journals the held
+    records, their answers go out, and it prints that the router held answers for it."""
+    err_path = tmp_path / "stderr.txt"
+    with err_path.open("w") as err:
+        proc, base = _up(tmp_path / "out", stderr=err)
+        router = base.removesuffix("/v1")
+
+        async def scenario() -> tuple[dict[str, Any], list[str]]:
+            os.kill(proc.pid, signal.SIGSTOP)
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
+                tasks = [asyncio.create_task(_one(s, base, i)) for i in range(4)]
+                keeper = await _stalled(router, tasks)
+                os.kill(proc.pid, signal.SIGCONT)
+                return keeper, list(await asyncio.gather(*tasks))
+
+        try:
+            keeper, ids = asyncio.run(scenario())
+            line = "this runner's journal stalled: the router held answers"
+            for _ in range(150):  # up to ~30 s: the runner looks every second
+                if line in err_path.read_text():
+                    break
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
+    assert keeper.get("stalled") and keeper.get("answers_held") == 4
+    assert line in err_path.read_text()
+    assert "note: the keeper stalled 1 time(s)" in out
+    journaled = {str(r["id"]) for r in jsonl_lines(tmp_path / "out" / "requests.jsonl")}
+    assert set(ids) <= journaled and len(set(ids)) == 4

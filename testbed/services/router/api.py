@@ -2,10 +2,11 @@
 
 `POST /generate` (NDJSON stream: `{"tokens": n}` lines, then `{"record": {...}}`),
 `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models` (OpenAI-compatible:
-services.router.openai), `GET /history` (every record), `GET /records` (records as they end:
-services.router.recorded), `GET /stats` (load, policy inputs,
-scheduler state), `GET /events` (the scheduler's event stream: services.router.follow),
-`GET /metrics` (Prometheus: metrics.prometheus), `GET /health`. /stats's `decisions` gives the
+services.router.openai), `GET /history` (the records, a page at a time: `?after=SEQ&limit=N`,
+at most HISTORY_PAGE), `GET /records` (records as they end: services.router.recorded),
+`GET /stats` (load, policy inputs, scheduler state, the keeper's state), `GET /events` (the
+scheduler's event stream: services.router.follow), `GET /metrics` (Prometheus:
+metrics.prometheus), `GET /health`. /stats's `decisions` gives the
 fallback's name and the event loop's lag (services.router.lag), for the run's summary.
 """
 
@@ -38,7 +39,13 @@ from testbed.services.router.openai import (
     completions,
     models,
 )
-from testbed.services.router.recorded import add_record_routes
+from testbed.services.router.recorded import (
+    HISTORY_PAGE,
+    RecordsGone,
+    add_record_routes,
+    after_param,
+    gone,
+)
 from testbed.services.router.workers import Workers
 from testbed.services.spec import ServiceSpec
 from testbed.services.validate import health, json_errors
@@ -66,7 +73,18 @@ async def _generate(request: web.Request) -> web.StreamResponse:
 
 
 async def _history(request: web.Request) -> web.Response:
-    return web.json_response([r.to_json() for r in request.app[STATE].records])
+    """A JSON list of records `after`+1 .. `after`+`limit` in the order they ended (`seq`
+    order); a page shorter than `limit` is the last. 410 for records already dropped (kept on
+    disk by `testbed up`'s keeper: services.router.recorded)."""
+    after = after_param(request)
+    raw = request.query.get("limit", str(HISTORY_PAGE))
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 6 and 1 <= int(raw) <= HISTORY_PAGE):
+        raise web.HTTPBadRequest(text=f"limit must be an integer from 1 to {HISTORY_PAGE}")
+    try:
+        page = request.app[STATE].record_log.page(after, int(raw))
+    except RecordsGone as exc:
+        raise gone(exc) from None
+    return web.json_response([r.to_json() for r in page])
 
 
 async def _stats(request: web.Request) -> web.Response:
@@ -77,7 +95,8 @@ async def _stats(request: web.Request) -> web.Response:
         {
             "now": snap.now,
             "in_flight": state.in_flight,
-            "recorded": len(state.records),
+            "recorded": state.record_log.made,
+            "keeper": state.record_log.stats(),  # services.router.recorded
             "threshold_tokens": snap.threshold_tokens,
             "bandwidth_scarce": snap.bandwidth_scarce,
             "n_prefill_local": sum(

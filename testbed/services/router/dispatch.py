@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import time
 from collections.abc import Iterable
 
@@ -42,6 +41,7 @@ from testbed.services.router.errors import (
     ClientGone,
     RequestError,
 )
+from testbed.services.router.ids import RequestIds
 from testbed.services.router.recorded import RecordLog
 from testbed.services.router.steps import TokenSink, run_prefill, stream_decode
 from testbed.services.router.workers import HttpWorkers, Workers
@@ -115,16 +115,16 @@ class RouterState:
             if spec.scheduler is not None
             else None
         )
-        self.record_log = RecordLog()
+        self.record_log = RecordLog(spec.keeper_token)
         """Finished records, followed live by a keeper at `testbed up` (router.recorded)."""
-        self.records: list[RequestRecord] = self.record_log.records
+        self.records: list[RequestRecord] = self.record_log.held
+        """The records still held: all of them, unless a keeper kept (and so dropped) some."""
         self.live: dict[str, RequestRecord] = {}
         """Records of the requests in flight, by id (the OpenAI stream reads their tokens)."""
         self.in_flight = 0
-        self._ids = itertools.count(1)
-        self.ids: set[str] = set()
+        self.ids = RequestIds()
         """Every request id this router has taken, in flight or finished: ids are unique per
-        run (records, KV wire ids and checkers key on them)."""
+        run (records, KV wire ids and checkers key on them); compact (router.ids)."""
         self.closing = False
         self.session: aiohttp.ClientSession | None = None
         self._workers = workers
@@ -164,16 +164,11 @@ class RouterState:
 
     def next_id(self) -> str:
         """A fresh id, skipping any a client already chose."""
-        while (rid := f"q{next(self._ids):06d}") in self.ids:
-            pass
-        return rid
+        return self.ids.fresh()
 
     def claim_id(self, rid: str) -> bool:
         """Take a request id; False if this router has already seen it."""
-        if rid in self.ids:
-            return False
-        self.ids.add(rid)
-        return True
+        return self.ids.claim(rid)
 
     def snapshot(self, exclude: frozenset[str] = frozenset()) -> Snapshot:
         """The policy's view; `exclude` names instances or clusters this request failed on."""
