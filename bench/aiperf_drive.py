@@ -98,9 +98,18 @@ def start_up(out: Path) -> tuple[subprocess.Popen[str], str]:
     return proc, m.group(1)
 
 
-def history_ids(router: str) -> list[str]:
-    with urllib.request.urlopen(f"{router}/history", timeout=30) as resp:
-        return [r["id"] for r in json.load(resp)]
+def history_ids(router: str, page: int = 10_000) -> list[str]:
+    """Every record's id, a /history page at a time (the router's HISTORY_PAGE); a standing
+    router keeps the last 10,000 journaled records, so a phase longer than that is a 410."""
+    ids: list[str] = []
+    for _ in range(1000):  # bounded: 10M records
+        url = f"{router}/history?after={len(ids)}&limit={page}"
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            docs = json.load(resp)
+        ids += [r["id"] for r in docs]
+        if len(docs) < page:
+            break
+    return ids
 
 
 def aiperf(exe: Path, router: str, art: Path, extra: list[str]) -> None:
