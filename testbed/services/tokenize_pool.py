@@ -15,8 +15,8 @@ Memory comes back: the workers are stopped once the pool has been idle `idle_s` 
 started again on the next job. They are forked from a fork server (multiprocessing's
 "forkserver" context: a clean process, safe to start from a threaded server) that has imported
 this module's work and the server's main module already, so a restart costs milliseconds, not an
-interpreter start; each worker dies with the fork server, which dies with the server
-(testbed.lifeline).
+interpreter start; each worker dies with the fork server (testbed.lifeline) and with the server
+(`_arm_worker`), and the fork server exits once its workers have.
 
 One pool per process (`shared_pool`), like the tokenizer it runs: the accounting is thread-safe
 and each waiter is woken on its own event loop, so the apps of one process (tests) share it.
@@ -29,6 +29,7 @@ import multiprocessing
 import os
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -64,12 +65,34 @@ class PoolBusy(Exception):
     """Every worker is busy and the queue is full (or a worker died): try again later."""
 
 
-def _arm_worker() -> None:
-    """A worker dies with the fork server that forked it (which dies with the server), and
-    yields the CPU to the server's own processes."""
+SERVER_CHECK_S = 0.5
+"""Seconds between a worker's checks that the server it works for is still there."""
+
+
+def _arm_worker(server: int) -> None:
+    """A worker dies with the fork server that forked it, and with the server (pid `server`),
+    and yields the CPU to the server's own processes.
+
+    The fork server exits only once every copy of its "alive" pipe is closed, and each worker
+    holds one (multiprocessing hands it to every child), while a worker waits for jobs on a
+    queue whose write end it holds too: a server that dies without shutting the pool down
+    (SIGKILL, or `os._exit`: testbed.services.host) would leave both waiting forever. So each
+    worker watches the server and leaves when it is gone; the fork server follows."""
     os.environ[PARENT_PID_ENV] = str(os.getppid())
     die_with_parent()
     os.nice(POOL_NICE)
+    threading.Thread(target=_watch_server, args=(server,), daemon=True).start()
+
+
+def _watch_server(server: int) -> None:
+    while True:
+        time.sleep(SERVER_CHECK_S)
+        try:
+            os.kill(server, 0)
+        except ProcessLookupError:
+            os._exit(0)
+        except PermissionError:  # the pid now belongs to someone else's process
+            os._exit(0)
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -209,7 +232,10 @@ class TokenizePool:
         with self._lock:
             if self._executor is None:
                 self._executor = ProcessPoolExecutor(
-                    self.workers, mp_context=_context(), initializer=_arm_worker
+                    self.workers,
+                    mp_context=_context(),
+                    initializer=_arm_worker,
+                    initargs=(os.getpid(),),
                 )
             executor = self._executor
         return executor.submit(fn, *args)

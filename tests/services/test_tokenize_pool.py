@@ -227,3 +227,45 @@ def test_pieces_tokenize_exactly_as_the_whole_text(monkeypatch: pytest.MonkeyPat
     assert measure_text(long, 100)[0] > 100  # past the cap: counting stops, no hashes
     assert measure_text(long, 100)[1] == ()
     assert measure_text("", 10) == (1, block_hashes([0]))
+
+
+_SERVER = """
+import asyncio, os, sys
+from testbed.services.tokenize_pool import TokenizePool
+async def main():
+    pool = TokenizePool(workers=2)
+    pids = await asyncio.gather(pool.run(os.getpid), pool.run(os.getpid))
+    print(" ".join(str(p) for p in pids), flush=True)
+    await asyncio.sleep(60)
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "os._exit"])
+def test_the_pool_dies_with_its_server(how: str) -> None:
+    """A server that dies without shutting its pool down (SIGKILL; os._exit, as services.host
+    leaves) leaves no worker and no fork server: before, both waited forever."""
+    import signal
+    import subprocess
+    import sys
+
+    code = (
+        _SERVER if how == "SIGKILL" else _SERVER.replace("await asyncio.sleep(60)", "os._exit(0)")
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        workers = [int(p) for p in proc.stdout.readline().split()]
+        assert len(workers) >= 1 and proc.pid not in workers
+        with open(f"/proc/{workers[0]}/stat") as f:
+            forkserver = int(f.read().split(") ", 1)[1].split()[1])  # the worker's parent
+        if how == "SIGKILL":
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(map(_alive, [*workers, forkserver])):
+            time.sleep(0.1)
+        assert not [p for p in [*workers, forkserver] if _alive(p)]
+    finally:
+        proc.kill()
+        proc.wait()
