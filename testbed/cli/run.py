@@ -62,8 +62,8 @@ def add_percentiles(p: argparse.ArgumentParser) -> None:
 
 
 def add_max_requests(p: argparse.ArgumentParser) -> None:
-    """`--max-requests N` (run and plan): the cap on the requests a run plans, raised or
-    lowered for those who mean it (docs/failures.md, "Limits")."""
+    """`--max-requests N` (run, plan, up, sweep, hindsight, scorecard): the cap on the requests
+    a run plans, raised or lowered for those who mean it (docs/failures.md, "Limits")."""
     p.add_argument(
         "--max-requests",
         type=positive_int,
