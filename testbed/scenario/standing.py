@@ -213,10 +213,9 @@ class _Standing(_Run):
     ) -> None:
         """Every WATCH_S: a line for each service whose process ended (and came back: a
         nemesis restart), and one when the router says this runner's keeping has stalled."""
-        exited = getattr(self.substrate, "exited", None)  # the local substrate's processes
         while True:
             for sid, handle in list(self.services.items()):
-                how = exited(handle) if exited is not None else None
+                how = await self.substrate.exited(handle)
                 if how is not None and sid not in self.deaths:
                     self.deaths[sid] = (self.clock.now(), how)
                     on_notice(f"service {sid} died ({how}) at {self.clock.now():.1f}s")

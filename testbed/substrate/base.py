@@ -70,6 +70,10 @@ class Substrate(Protocol):
         A substrate that cannot shape in the kernel raises UserError."""
         ...
 
+    async def exited(self, handle: ServiceHandle) -> str | None:
+        """How a service ended (a short reason), or None while it runs or is paused."""
+        ...
+
     async def kill(self, handle: ServiceHandle) -> None:
         """SIGKILL: the instance dies with whatever it held."""
         ...

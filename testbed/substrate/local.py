@@ -80,6 +80,18 @@ async def _spawn(
     return proc
 
 
+def ended(code: int | None) -> str | None:
+    """A process's return code as a reason ("killed by SIGKILL", "exit code 1"); None: runs."""
+    if code is None:
+        return None
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
 @dataclass
 class _Warm:
     """A service process started before its spec was known (`host --warm ROLE`)."""
@@ -313,18 +325,10 @@ class LocalSubstrate:
             svc.proc.kill()
         await svc.proc.wait()
 
-    def exited(self, handle: ServiceHandle) -> str | None:
+    async def exited(self, handle: ServiceHandle) -> str | None:
         """How the service's process ended ("killed by SIGKILL", "exit code 1"), or None while
         it runs (a standing deployment watches its services: scenario.standing)."""
-        code = self._proc(handle).proc.returncode
-        if code is None:
-            return None
-        if code >= 0:
-            return f"exit code {code}"
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
+        return ended(self._proc(handle).proc.returncode)
 
     async def pause(self, handle: ServiceHandle) -> None:
         with contextlib.suppress(ProcessLookupError):

@@ -57,6 +57,10 @@ class RecordingSubstrate:
     def __init__(self) -> None:
         self.specs: list[ServiceSpec] = []
         self.link: dict[str, Any] = {}
+        self.warmed: list[str] = []
+
+    async def warm(self, roles: list[str], link: LinkConfig | None, seed: int) -> None:
+        self.warmed = list(roles)
 
     async def start_service(self, spec: ServiceSpec) -> ServiceHandle:
         self.specs.append(spec)
@@ -160,3 +164,13 @@ async def test_the_link_request_carries_the_links_config_and_the_seed(tmp_path: 
     assert (link.bandwidth, link.rtt, link.jitter) == (40e9 / 8, 0.012, 0.003)
     assert sub.link["seed"] == 5 and sub.link["enabled"] is True
     assert sub.link["scale"] == ScaleConfig(time_scale=20, byte_scale=500)
+
+
+@pytest.mark.parametrize("policy", [None, {"name": "prfaas-static", "threshold": "6K"}])
+async def test_the_substrate_is_warmed_for_exactly_the_services_started(
+    tmp_path: Path, policy: dict[str, str] | None
+) -> None:
+    """The runner asks the substrate for one warm process per service it then starts, by role
+    (pd instances under the long-term loop, decode and prefill without it)."""
+    sub = await start(tmp_path, **({"policy": policy} if policy else {}))
+    assert sorted(sub.warmed) == sorted(s.role for s in sub.specs)

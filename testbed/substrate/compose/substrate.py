@@ -388,6 +388,21 @@ class ComposeSubstrate:
 
         await asyncio.to_thread(kill)
 
+    async def exited(self, handle: ServiceHandle) -> str | None:
+        """How the service's container stopped ("exit code 137", "killed by the OOM killer"),
+        or None while it runs or is paused (a standing deployment watches its services)."""
+        c = self._inst(handle).container
+        try:
+            await asyncio.to_thread(c.reload)
+        except Exception as exc:  # removed from outside: as dead as a killed one
+            return f"container gone ({type(exc).__name__})"
+        state = c.attrs.get("State", {})
+        if state.get("Status") not in ("exited", "dead"):
+            return None
+        if state.get("OOMKilled"):
+            return "killed by the OOM killer"
+        return f"exit code {state.get('ExitCode')}"
+
     async def pause(self, handle: ServiceHandle) -> None:
         await asyncio.to_thread(self._inst(handle).container.pause)
 
