@@ -180,7 +180,7 @@ async def test_a_started_service_binds_its_specs_host_and_ports(tmp_path: Path) 
 
 
 def test_the_cluster_is_the_network_a_container_joins() -> None:
-    from testbed.substrate.compose.substrate import _service_doc
+    from testbed.substrate.compose.service_doc import service_doc as _service_doc
 
     doc = _service_doc(spec(cluster="prfaas"), "10.1.0.5")
     assert (

@@ -32,6 +32,7 @@ from testbed.substrate.compose.prometheus import (
     ensure_prometheus_image,
     prometheus_wanted,
 )
+from testbed.substrate.compose.service_doc import service_doc
 from testbed.substrate.compose.topology import (
     CTL_PROXY_PORT0,
     FIRST_HOST,
@@ -53,44 +54,6 @@ from testbed.substrate.compose.topology import (
 )
 
 __all__ = ["ComposeSubstrate"]
-
-
-def _healthcheck(port: int) -> dict[str, Any]:
-    # bash's /dev/tcp: a TCP connect costs next to nothing, where a Python start-up per check
-    # and container would take a noticeable share of a small host's CPU from the emulation.
-    return {
-        "test": ["CMD", "bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"],
-        "interval": "5s",
-        "timeout": "3s",
-        "retries": 12,
-        "start_period": "2s",
-    }
-
-
-def _service_doc(spec: ServiceSpec, ip: str) -> dict[str, Any]:
-    """An instance as a service of the rendered file (profile `deployment`, for a stand-up by
-    hand; the run itself starts its containers through the Docker API)."""
-    doc: dict[str, Any] = {
-        "image": "${TESTBED_IMAGE}",
-        "command": ["python", "-m", "testbed.services.host", spec.model_dump_json()],
-        "init": True,
-        "cgroup_parent": "${TESTBED_CGROUP_PARENT-/}",
-        "profiles": ["deployment"],
-        "labels": {
-            LABEL: "1",
-            RUN_LABEL: "${TESTBED_RUN}",
-            OWNER_LABEL: "${TESTBED_OWNER}",
-            SERVICE_LABEL: spec.id,
-        },
-        "networks": {spec.cluster: {"ipv4_address": ip}, "ctl": {}},
-        "ports": [f"127.0.0.1::{HTTP_PORT}"],
-        "healthcheck": _healthcheck(HTTP_PORT),
-        "depends_on": {"link": {"condition": "service_healthy"}},
-    }
-    if spec.role == "router":
-        for info in spec.instances:
-            doc["depends_on"][info.id] = {"condition": "service_healthy"}
-    return doc
 
 
 @dataclass
@@ -323,7 +286,7 @@ class ComposeSubstrate:
         inst = _Instance(inner, container, ip)
         self.instances[spec.id] = inst
         async with self._lock:
-            self.topology.services[spec.id] = _service_doc(inner, ip)
+            self.topology.services[spec.id] = service_doc(inner, ip)
             self.topology.render()
         await self._wait_ready(inst)
         self._scraped(inst)

@@ -228,12 +228,12 @@ async def test_a_failed_prefill_releases_its_decode_half_at_once(fleet: Fleet) -
     pc = fleet.prefill[0]
     assert pc.server.port is not None
     p, _ = _pairs(fixture("round_robin"))[0]
+    # a prefill long enough (~1 s of wall time here) that the poll below sees it running on a
+    # loaded machine too: with 200K tokens it could end between two polls and the decode got a 200
     body = {**p["body"], "bootstrap_port": pc.server.port, "bootstrap_room": 13,
-            "input_tokens": 200_000}  # fmt: skip
+            "input_tokens": 1_000_000}  # fmt: skip
     prefill = asyncio.ensure_future(pc.post("/v1/completions", json=body))
-    decode = asyncio.ensure_future(
-        fleet.decode[0].post("/v1/completions", json={**body, "input_tokens": 200_000})
-    )
+    decode = asyncio.ensure_future(fleet.decode[0].post("/v1/completions", json=body))
     async with asyncio.timeout(20):
         while not await _attempts(pc) and not prefill.done():
             await asyncio.sleep(0.05)
