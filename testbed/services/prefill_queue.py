@@ -189,5 +189,6 @@ class PrefillQueue(Generic[J]):
             t.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await worker
-        for s in self.senders.values():
-            await s.aclose()
+        # together: each sender may spend up to its flush timeout (1 s) on frames for a receiver
+        # that is stopping too, and one after the other that outlasted the runner's stop grace
+        await asyncio.gather(*(s.aclose() for s in self.senders.values()))

@@ -156,18 +156,20 @@ async def stop_services(services: list[LocalService], grace: float = 5.0) -> Non
 
 
 async def _stop_processes(procs: list[asyncio.subprocess.Process], grace: float = 5.0) -> None:
+    """SIGTERM each, then SIGKILL what is still alive `grace` seconds later: one grace for
+    all of them, not one after another."""
     for proc in procs:
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
+    waits = [asyncio.ensure_future(proc.wait()) for proc in procs]
+    if waits:
+        await asyncio.wait(waits, timeout=grace)
     for proc in procs:
-        try:
-            async with asyncio.timeout(grace):
-                await proc.wait()
-        except TimeoutError:
+        if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-            await proc.wait()
+    await asyncio.gather(*waits)
 
 
 class LocalSubstrate:

@@ -232,6 +232,7 @@ class KVSender:
                 while len(out.queue) and self._slots.unreachable is None:
                     await asyncio.sleep(0.005)
         if self._supervisor is not None:
+            self._slots.closing = True
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._supervisor

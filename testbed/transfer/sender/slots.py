@@ -74,6 +74,9 @@ class ConnectionSlots:
         self.conns: set[Conn] = set()
         self._slot_down = [False] * connections
         self.unreachable: str | None = None
+        self.closing = False
+        """Set by the sender's close before it cancels `run`: the reconnect loop stops on it
+        (see `_slot`), whatever shape the cancel reaches it in."""
 
     async def run(self) -> None:
         """Run every slot until cancelled."""
@@ -82,11 +85,19 @@ class ConnectionSlots:
                 tg.create_task(self._slot(i), name=f"kv-sender-slot-{i}")
 
     async def _slot(self, index: int) -> None:
-        """Keep one connection alive for the sender's lifetime."""
+        """Keep one connection alive for the sender's lifetime.
+
+        It ends on `closing` as well as on its cancel: a cancel can reach this loop as
+        something else (uvloop's connect may answer it with an OSError; the connection's
+        TaskGroup, on Python 3.11, with its children's errors when one failed as the cancel
+        came), and the loop took it for a lost connection and reconnected, through the link
+        emulator that still accepted, forever: a prefill outlived its SIGTERM and was
+        SIGKILLed after the runner's 5 s grace in a third to a half of the chaos suite's
+        short runs."""
         out = self._outbox
         failures = 0
         connected_before = False
-        while True:
+        while not self.closing:
             try:
                 async with asyncio.timeout(self._connect_timeout):
                     if self._netns is None:
@@ -98,6 +109,8 @@ class ConnectionSlots:
                             self._netns, self._host, self._port, limit=1 << 16
                         )
             except (OSError, TimeoutError) as exc:
+                if self.closing:  # the cancel may come as an OSError (uvloop's connect)
+                    return
                 failures += 1
                 out.connect_failures += 1
                 reason = f"cannot connect to {self._host}:{self._port}: {exc!r}"
@@ -132,6 +145,8 @@ class ConnectionSlots:
                 self.conns.discard(conn)
                 writer.close()
             out.on_conn_lost(conn, reason)
+            if self.closing:  # the TaskGroup may report a cancel as its children's errors
+                return
             await asyncio.sleep(self._backoff)
 
     async def _write_loop(self, conn: Conn) -> None:
