@@ -39,7 +39,7 @@ def worker_samples(
 
     `tokens` is the worker's token counter: prompt tokens prefilled (prefill) or tokens
     streamed (decode)."""
-    m = {"model_name": model}
+    m = {"model_name": model, "engine": "0"}  # one engine: vllm-router counts the labels
     ident = {"instance_id": str(doc.get("id", "")), "cluster": str(doc.get("cluster", "local"))}
     out = [
         Sample("testbed_requests_completed_total", "counter", "Requests this worker finished.",

@@ -36,6 +36,10 @@ class PrefillJob:
     """Where the KV goes, when it is not known as the job is queued: awaited by the transfer
     before it opens, it sets `id` (the wire id) and `target`. The router-facing API's prefill
     half (services.facade) queues at once and learns both when the room's decode registers."""
+    on_prefilled: Callable[[PrefillJob], None] | None = None
+    """Called once the KV is computed (prefill_end set), before the transfer has sent it all:
+    the router-facing API's `vllm` flavour answers its router then and holds the KV for the
+    decode's pull."""
 
 
 class PrefillState(PrefillQueue[PrefillJob]):
@@ -62,6 +66,8 @@ class PrefillState(PrefillQueue[PrefillJob]):
             job.times["prefill_end"] = self.clock.now()
             if "prefill_start" in job.answer:  # the engine counted from an earlier start
                 job.times["prefill_start"] = float(job.answer.pop("prefill_start"))
+            if job.on_prefilled is not None:
+                job.on_prefilled(job)
         finally:
             layers.put_nowait(None)  # after prefill_end: the transfer checks it at the sentinel
 

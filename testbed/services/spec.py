@@ -93,11 +93,12 @@ class ServiceSpec(BaseModel):
     """pd only: the role a switchable PD instance serves first."""
     role_switch_s: float = Field(5.0, ge=0)
     """pd only: real-world seconds a role switch takes (see docs/scheduler.md)."""
-    facade: Literal["sglang"] | None = None
+    facade: Literal["sglang", "vllm"] | None = None
     """prefill and decode: the router-facing worker API this instance also serves, for an
     external router run unchanged in front of the fleet (services.facade, docs/real-routers.md):
     `sglang`, SGLang's gateway's PD handshake (prefill and decode at once, meeting by bootstrap
-    room). None (the default): only our own router's API."""
+    room); `vllm`, vllm-router's (prefill first, its kv_transfer_params handed to the decode,
+    which pulls the held KV). None (the default): only our own router's API."""
     facade_decodes: list[InstanceInfo] = Field(default_factory=list)
     """prefill with a facade: the deployment's decode instances (cluster, KV port, link route),
     so the bootstrap route sends a room's KV to the direct or the link address as our router

@@ -1,12 +1,17 @@
-"""The decode half of the `sglang` flavour.
+"""The decode half of both flavours.
 
 It sizes the prompt (`input_tokens`, or the shipped tokenizer), registers the KV with its
 receiver under a fresh wire id (the capability only it and the room's prefill learn:
 transfer/capability.py), tells the prefill's bootstrap route who it is (facade.rooms), and waits
 for the KV with the instance's KV timeout, then verifies it: the steps our own router's
-`POST /decode` runs (services.decoding). It **holds its status line until the KV is verified**:
-SGLang's gateway waits for both halves' response heads, so a KV that never comes must be a 503
-it may retry, not a failure inside a 200 stream. Then it decodes and streams in OpenAI's shape.
+`POST /decode` runs (services.decoding). Where it finds the prefill and the room is the
+flavour's (facade.openai.Meeting): SGLang's `bootstrap_*` fields, sent to both halves at once,
+or vllm-router's copy of the prefill's `kv_transfer_params` (the prefill's address and KV
+handle: a pull of KV the prefill already holds, facade.vllm_prefill). It **holds its status
+line until the KV is verified**: SGLang's gateway waits for both halves' response heads and
+vllm-router passes the decode's status on, so a KV that never comes must be a 503 the router
+sees (and may retry), not a failure inside a 200 stream. Then it decodes and streams in
+OpenAI's shape.
 
 Every attempt ends in the journal (facade.journal): completed, failed (a 503, with the reason),
 or released: the gateway closed the request (a client that went away, or the gateway giving up
@@ -33,22 +38,22 @@ from testbed.services.decoding import (
     decode_tokens,
     receive_kv,
 )
-from testbed.services.facade.info import add_info_routes
-from testbed.services.facade.journal import AttemptJournal, attempts_handler
+from testbed.services.facade.journal import AttemptJournal
 from testbed.services.facade.openai import (
     FacadeRequest,
+    MeetingReader,
     completion_doc,
     openai_error,
     parse_request,
     sse,
     unavailable,
 )
-from testbed.services.facade.text import check_engine, codec
+from testbed.services.facade.text import codec
 from testbed.services.kv_expect import EXPECT_GRACE_S, REGISTER_TIMEOUT_S, expect_kv
 from testbed.services.validate import json_body
 from testbed.transfer.capability import new_wire_id
 
-__all__ = ["FACADE", "OUTCOME_WAIT_S", "DecodeFacade", "add_decode_routes"]
+__all__ = ["FACADE", "OUTCOME_WAIT_S", "DecodeFacade", "decode_half"]
 
 OUTCOME_WAIT_S = 5.0
 """Wall seconds the decode half waits, once its KV is in, for the prefill's outcome (its times
@@ -61,6 +66,8 @@ _PREFILL = ("prefill_instance", "prefill_start", "prefill_end", "transfer_start"
 class DecodeFacade:
     state: DecodeState
     session: aiohttp.ClientSession
+    meeting: MeetingReader
+    """Where the flavour's requests say the prefill and the room are."""
     journal: AttemptJournal = field(default_factory=AttemptJournal)
 
 
@@ -82,7 +89,9 @@ async def _register(
     spec = fac.state.spec
     where = f"{req.bootstrap_host}:{req.bootstrap_port}"
     url = f"http://{where}/bootstrap/{req.room}"
-    body = {"wire_id": wire_id, "decode": spec.id, "expected_wire_bytes": expected}
+    body: dict[str, Any] = {"wire_id": wire_id, "decode": spec.id, "expected_wire_bytes": expected}
+    if req.engine is not None:  # vllm: the prefill checks it is the engine the handle names
+        body["engine"] = req.engine
     timeout = aiohttp.ClientTimeout(
         total=spec.kv_timeout_s + EXPECT_GRACE_S + REGISTER_TIMEOUT_S,
         sock_connect=REGISTER_TIMEOUT_S,
@@ -98,7 +107,8 @@ async def _register(
         return {"error": f"prefill bootstrap at {where} failed: {type(exc).__name__}: {exc}"}
 
 
-async def _decode_half(request: web.Request, chat: bool) -> web.StreamResponse:
+async def decode_half(request: web.Request, chat: bool) -> web.StreamResponse:
+    """`POST /v1/completions` (or chat) on a decode worker (see the module's doc)."""
     fac = request.app[FACADE]
     state = fac.state
     spec = state.spec
@@ -108,6 +118,7 @@ async def _decode_half(request: web.Request, chat: bool) -> web.StreamResponse:
         chat=chat,
         max_output_tokens=state.engine.max_output_tokens,
         model=spec.model,
+        meeting=fac.meeting,
     )
     wire_id = new_wire_id()
     expected = sum(wire_layer_bytes(MODELS[spec.model], req.input_tokens, spec.byte_scale))
@@ -124,6 +135,8 @@ async def _decode_half(request: web.Request, chat: bool) -> web.StreamResponse:
         "arrival": state.clock.now(),
         "kv_wire_bytes_expected": expected,
     }
+    if (rid := request.headers.get("X-Request-Id")) is not None:  # vllm-router's own id
+        entry["router_id"] = rid[:160]
     boot = asyncio.ensure_future(_register(fac, req, wire_id, expected))
 
     async def gone() -> str:
@@ -214,31 +227,3 @@ async def _stream(
     with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionResetError):
         await resp.write(tail + b"data: [DONE]\n\n")
     return resp
-
-
-async def add_decode_routes(app: web.Application, state: DecodeState) -> DecodeFacade:
-    """The `sglang` flavour's routes on a decode worker's app."""
-    check_engine(state.spec)
-    connector = aiohttp.TCPConnector(limit=0)
-    fac = DecodeFacade(state, aiohttp.ClientSession(connector=connector))
-    app[FACADE] = fac
-    codec()  # load the tokenizer now, not on the first request
-
-    async def completions(request: web.Request) -> web.StreamResponse:
-        return await _decode_half(request, False)
-
-    async def chat(request: web.Request) -> web.StreamResponse:
-        return await _decode_half(request, True)
-
-    def load() -> tuple[int, int, int]:
-        return state.engine.active(), state.engine.waiting() + state.waiting_kv, 0
-
-    async def close(_app: web.Application) -> None:
-        await fac.session.close()
-
-    app.on_cleanup.append(close)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/facade/attempts", attempts_handler(fac.journal))
-    add_info_routes(app, mode="decode", model=state.spec.model, load=load)
-    return fac

@@ -1,10 +1,15 @@
-"""What the gateway asks a worker when it registers it, and the load it polls.
+"""What a router asks a worker when it registers it, and the load it polls.
 
 sglang-router 0.3.2 asks `GET /health`, `/server_info` and `/model_info` of every worker
-(tests/services/facade/fixtures/round_robin.json) and loads its tokenizer from `model_path`:
-ours point at the shipped tokenizer. `GET /get_load` is the shape its power_of_two load monitor
-reads (a list with one entry per data-parallel rank, `num_tokens` the load); ours counts the
-instance's outstanding work. /v1/models is answered too (smg asks it).
+(tests/services/facade/fixtures/sglang-router-0.3.2/round_robin.json) and loads its tokenizer
+from `model_path`: ours point at the shipped tokenizer. vllm-router 0.1.17 asks `GET /health`,
+then `GET /metrics` once, counting the `engine` labels of its `vllm:` lines (the workers'
+/metrics, services.exposition, carry `engine="0"`: one engine), and its cache_aware policy
+renders every request on every worker (facade.render; the routes are served in both flavours).
+`GET /get_load` is in the shape each flavour's power_of_two load monitor reads: SGLang's a
+list with one entry per data-parallel rank, `num_tokens` the load; vllm-router's `{"load": N}`,
+polled every second, N the requests running and waiting. Ours count the instance's outstanding
+work. /v1/models is answered too (smg asks it).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from testbed.services.facade.render import add_render_routes
 from testbed.services.facade.text import tokenizer_dir
 
 __all__ = ["Load", "add_info_routes"]
@@ -22,8 +28,10 @@ Load = Callable[[], tuple[int, int, int]]
 """(requests running, requests waiting, tokens outstanding) of the instance now."""
 
 
-def add_info_routes(app: web.Application, *, mode: str, model: str, load: Load) -> None:
-    """The registration routes of a `mode` ("prefill" or "decode") worker."""
+def add_info_routes(
+    app: web.Application, *, mode: str, model: str, load: Load, flavour: str
+) -> None:
+    """The registration routes of a `mode` ("prefill" or "decode") worker of a `flavour`."""
     path = str(tokenizer_dir())
     info = {
         "model_path": path,
@@ -49,6 +57,8 @@ def add_info_routes(app: web.Application, *, mode: str, model: str, load: Load) 
 
     async def get_load(_request: web.Request) -> web.Response:
         running, waiting, tokens = load()
+        if flavour == "vllm":
+            return web.json_response({"load": running + waiting})
         doc: dict[str, Any] = {
             "dp_rank": 0,
             "num_reqs": running + waiting,
@@ -66,3 +76,4 @@ def add_info_routes(app: web.Application, *, mode: str, model: str, load: Load) 
         ("/get_load", get_load),
     ):
         app.router.add_get(route, handler)
+    add_render_routes(app, model)

@@ -10,86 +10,34 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from testbed.services.decode import STATE as DECODE_STATE
 from testbed.services.decode import create_app as decode_app
 from testbed.services.facade.text import tokenizer_dir
 from testbed.services.kv_targets import kv_address
-from testbed.services.prefill import create_app as prefill_app
 from testbed.services.spec import InstanceInfo, ServiceSpec
-
-FIXTURES = Path(__file__).parent / "fixtures" / "sglang-router-0.3.2"
-SCALE = {"time_scale": 200.0, "byte_scale": 20000.0}
-
-
-def _server(app: web.Application) -> TestServer:
-    """As the services serve (services.host): a closed connection cancels its handler."""
-    return TestServer(app, host="127.0.0.1", handler_cancellation=True)
+from tests.services.facade.fleet import SCALE, Fleet, make_fleet, server
+from tests.services.facade.fleet import attempts as _attempts
+from tests.services.facade.fleet import fixture as _fixture
 
 
 def fixture(name: str) -> dict[str, Any]:
-    return json.loads((FIXTURES / f"{name}.json").read_text())
-
-
-@dataclass
-class Fleet:
-    prefill: list[TestClient]
-    decode: list[TestClient]
-
-
-async def _fleet(kv_timeout_s: float = 30.0) -> AsyncIterator[Fleet]:
-    decodes = []
-    for i in range(2):
-        spec = ServiceSpec(role="decode", id=f"local-decode-{i}", facade="sglang",
-                           kv_timeout_s=kv_timeout_s, **SCALE)  # fmt: skip
-        app, ports = await decode_app(spec)
-        decodes.append((TestClient(_server(app)), ports["kv"]))
-    table = [
-        InstanceInfo(
-            id=f"local-decode-{i}",
-            cluster="local",
-            role="decode",
-            url="-",
-            kv_host="127.0.0.1",
-            kv_port=port,
-            kv_link_host="127.0.0.1",
-            kv_link_port=port,
-        )
-        for i, (_, port) in enumerate(decodes)
-    ]
-    prefills = []
-    for i in range(2):
-        spec = ServiceSpec(role="prefill", id=f"prfaas-prefill-{i}", cluster="prfaas",
-                           hardware="h200x8", facade="sglang", facade_decodes=table,
-                           kv_targets=[("127.0.0.1", p) for _, p in decodes], **SCALE)  # fmt: skip
-        app, _ = await prefill_app(spec)
-        prefills.append(TestClient(_server(app)))
-    clients = [c for c, _ in decodes] + prefills
-    for c in clients:
-        await c.start_server()
-    try:
-        yield Fleet(prefills, [c for c, _ in decodes])
-    finally:
-        for c in clients:
-            await c.close()
+    return _fixture("sglang-router-0.3.2", name)
 
 
 @pytest.fixture
 async def fleet() -> AsyncIterator[Fleet]:
-    async for f in _fleet():
+    async for f in make_fleet("sglang"):
         yield f
 
 
 @pytest.fixture
 async def short_fleet() -> AsyncIterator[Fleet]:
-    async for f in _fleet(kv_timeout_s=1.0):
+    async for f in make_fleet("sglang", kv_timeout_s=1.0):
         yield f
 
 
@@ -117,10 +65,6 @@ async def _gateway(fleet: Fleet, p: dict[str, Any], d: dict[str, Any], i: int) -
     assert body == pbody  # the gateway sends one body to both halves
     pr, dr = await asyncio.gather(pc.post(p["path"], json=pbody), dc.post(d["path"], json=body))
     return pr, await pr.read(), dr, await dr.read(), body
-
-
-async def _attempts(client: TestClient) -> list[dict[str, Any]]:
-    return list((await (await client.get("/facade/attempts")).json())["attempts"])
 
 
 @pytest.mark.parametrize("case", ["round_robin", "cache_aware"])
@@ -267,7 +211,7 @@ async def test_an_abandoned_decode_half_is_released(fleet: Fleet) -> None:
 async def test_without_a_facade_a_worker_serves_only_our_routers_api() -> None:
     spec = ServiceSpec(role="decode", id="d", **SCALE)
     app, _ = await decode_app(spec)
-    async with TestClient(_server(app)) as client:
+    async with TestClient(server(app)) as client:
         assert (await client.post("/v1/completions", json={})).status in (404, 405)
         assert (await client.get("/server_info")).status == 404
 
