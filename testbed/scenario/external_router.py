@@ -1,11 +1,13 @@
 """Start and stop an external router (the scenario's `router:`) in front of the fleet.
 
 A preset knows how to start one router: the module it runs (`python -m MODULE`, never a bare
-console script: sglang-router and smg both install an `smg` script), the worker lists built from
-the deployment, and the flags that keep it on loopback and make it notice a fault within a
-scenario. The router binds 127.0.0.1 on a free port (sglang-router binds 0.0.0.0:30000 and its
-Prometheus 0.0.0.0:29000 by default), is ready when it has registered every worker (bounded by
-`ready_timeout`), and is stopped with the run (SIGTERM, then SIGKILL), leaving no process.
+console script: sglang-router and smg both install an `smg` script), the PD handshake its
+workers must speak (services.facade's flavour), the worker lists built from the deployment, and
+the flags that keep it on loopback and make it notice a fault within a scenario. The router
+binds 127.0.0.1 on a free port (sglang-router binds 0.0.0.0:30000 and its Prometheus
+0.0.0.0:29000 by default; vllm-router 127.0.0.1:30000 and 127.0.0.1:29000, which two runs
+would share), is ready when it has registered every worker (bounded by `ready_timeout`), and
+is stopped with the run (SIGTERM, then SIGKILL), leaving no process.
 Errors are one line (UserError: exit 2), with the tail of the router's log.
 """
 
@@ -20,6 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import aiohttp
 
@@ -28,7 +31,15 @@ from testbed.errors import UserError
 from testbed.services.router.text import TOKENIZER_DIR
 from testbed.services.spec import InstanceInfo
 
-__all__ = ["PRESETS", "Preset", "RouterProcess", "free_port", "start_router"]
+__all__ = [
+    "PRESETS",
+    "Preset",
+    "RouterProcess",
+    "free_port",
+    "healthy_workers",
+    "router_command",
+    "start_router",
+]
 
 STOP_S = 5.0
 """Wall seconds the router has to exit on SIGTERM before it is killed."""
@@ -39,20 +50,31 @@ class Preset:
     module: str
     package: str
     """The pip requirement of the `routers` extra that provides `module`."""
+    flavour: Literal["sglang", "vllm"]
+    """The PD handshake it speaks: the workers' router-facing API (ServiceSpec.facade)."""
     health_flags: tuple[str, ...]
     """Flags that make it notice a dead worker within a scenario (its defaults: a 60 s health
     interval, 3 failures)."""
 
 
+_HEALTH = (
+    *("--health-check-interval-secs", "2"),
+    *("--health-failure-threshold", "2"),
+    *("--health-check-timeout-secs", "2"),
+)
+
 PRESETS: dict[str, Preset] = {
     "sglang-router": Preset(
         module="sglang_router.launch_router",
         package="sglang-router==0.3.2",
-        health_flags=(
-            *("--health-check-interval-secs", "2"),
-            *("--health-failure-threshold", "2"),
-            *("--health-check-timeout-secs", "2"),
-        ),
+        flavour="sglang",
+        health_flags=_HEALTH,
+    ),
+    "vllm-router": Preset(
+        module="vllm_router.launch_router",
+        package="vllm-router==0.1.17",
+        flavour="vllm",
+        health_flags=_HEALTH,
     ),
 }
 
@@ -64,7 +86,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def sglang_command(
+def router_command(
     cfg: ExternalRouterConfig,
     python: str,
     port: int,
@@ -72,21 +94,40 @@ def sglang_command(
     prefills: Sequence[tuple[str, int]],
     decodes: Sequence[str],
 ) -> list[str]:
-    """sglang-router in PD mode: `--prefill URL BOOTSTRAP_PORT` per prefill instance (the
-    bootstrap route is on the worker's own HTTP port), `--decode URL` per decode instance."""
+    """The preset's command line in PD mode. sglang-router: `--prefill URL BOOTSTRAP_PORT` per
+    prefill instance (the bootstrap route is on the worker's own HTTP port), `--decode URL` per
+    decode instance, the shipped tokenizer. vllm-router: `--prefill URL` (no bootstrap port:
+    its decode pulls from the address the prefill answers), `--decode URL`; it needs no
+    tokenizer (cache_aware renders on the workers)."""
     preset = PRESETS[cfg.preset]
     cmd = [python, "-m", preset.module, "--host", "127.0.0.1", "--port", str(port),
-           "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus_port),
-           "--pd-disaggregation"]  # fmt: skip
+           "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus_port)]  # fmt: skip
+    vllm = preset.flavour == "vllm"
+    cmd.append("--vllm-pd-disaggregation" if vllm else "--pd-disaggregation")
     for url, bootstrap in prefills:
-        cmd += ["--prefill", url, str(bootstrap)]
+        cmd += ["--prefill", url] if vllm else ["--prefill", url, str(bootstrap)]
     for url in decodes:
         cmd += ["--decode", url]
-    cmd += ["--policy", cfg.policy, "--tokenizer-path", str(TOKENIZER_DIR),
-            "--worker-startup-timeout-secs", str(max(1, int(cfg.ready_timeout))),
-            "--worker-startup-check-interval", "1", "--log-level", "warn",
+    cmd += ["--policy", cfg.policy]
+    if not vllm:
+        cmd += ["--tokenizer-path", str(TOKENIZER_DIR)]
+    cmd += ["--worker-startup-timeout-secs", str(max(1, int(cfg.ready_timeout))),
+            "--worker-startup-check-interval", "1", "--log-level", "warning" if vllm else "warn",
             *preset.health_flags, *cfg.flags]  # fmt: skip
     return cmd
+
+
+def healthy_workers(doc: Any) -> int | None:
+    """Workers a router's `/readiness` counts healthy: sglang-router's `healthy_workers`,
+    vllm-router's `prefill.healthy + decode.healthy`."""
+    if not isinstance(doc, dict):
+        return None
+    if isinstance(doc.get("healthy_workers"), int):
+        return int(doc["healthy_workers"])
+    roles = [doc.get(r) for r in ("prefill", "decode")]
+    if all(isinstance(r, dict) and isinstance(r.get("healthy"), int) for r in roles):
+        return sum(int(r["healthy"]) for r in roles if isinstance(r, dict))
+    return None
 
 
 def _installed(python: str | None, module: str) -> bool:
@@ -131,9 +172,9 @@ class RouterProcess:
                     raise UserError(f"router: {why}")
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
                     async with session.get(f"{self.url}/readiness") as resp:
-                        doc = await resp.json(content_type=None)
-                        seen = f"{doc.get('healthy_workers')} of {workers} workers healthy"
-                        if resp.status == 200 and doc.get("healthy_workers") == workers:
+                        healthy = healthy_workers(await resp.json(content_type=None))
+                        seen = f"{healthy} of {workers} workers healthy"
+                        if resp.status == 200 and healthy == workers:
                             return
                 await asyncio.sleep(0.2)
         await self.stop()
@@ -171,7 +212,7 @@ async def start_router(
     python = cfg.python or sys.executable
     port = free_port()
     workers = [(p.url, int(p.url.rsplit(":", 1)[1])) for p in prefills]
-    cmd = sglang_command(cfg, python, port, free_port(), workers, [d.url for d in decodes])
+    cmd = router_command(cfg, python, port, free_port(), workers, [d.url for d in decodes])
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"router-{cfg.preset}.log"
     with log.open("wb") as out:

@@ -1,10 +1,10 @@
 """A live run with an external router (the scenario's `router:`) in front of the fleet.
 
 The fleet is the scenario's deployment as a live run stands it up (scenario.runner), every
-prefill and decode instance also serving the router-facing API (services.facade, flavour
-`sglang`); the router starts once the fleet is up (scenario.external_router) and the load
-generator speaks OpenAI to it (scenario.openai_load). Our own router still runs, idle: nothing
-is routed through it.
+prefill and decode instance also serving the router-facing API (services.facade, in the
+preset's flavour: `sglang` or `vllm`); the router starts once the fleet is up
+(scenario.external_router) and the load generator speaks OpenAI to it (scenario.openai_load).
+Our own router still runs, idle: nothing is routed through it.
 
 Records: the router keeps none, so each request's record is joined, at the end of the run, from
 what the client saw (its arrival, first and last token, tokens, the router's error) and the
@@ -31,7 +31,7 @@ from testbed.config.router import ExternalRouterConfig
 from testbed.errors import UserError
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.policy import get_policy
-from testbed.scenario.external_router import RouterProcess, start_router
+from testbed.scenario.external_router import PRESETS, RouterProcess, start_router
 from testbed.scenario.openai_load import ClientView, PromptText, request_body, submit
 from testbed.scenario.plan import Progress, RunOptions, RunPlan, RunResult
 from testbed.scenario.runner import SAMPLE_INTERVAL_S, _Run, run_scenario
@@ -112,7 +112,7 @@ class ExternalRun(_Run):
         instances' KV addresses, direct and through the link (started before it)."""
         spec = super()._spec(role, sid, cluster, hardware)
         if role in ("prefill", "decode"):
-            spec.facade = "sglang"
+            spec.facade = PRESETS[self.cfg.preset].flavour
         if role == "prefill":
             spec.facade_decodes = self._decode_table()
         return spec

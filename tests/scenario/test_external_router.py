@@ -18,7 +18,7 @@ import testbed.scenario.external_run as external_run
 from testbed.cli import main
 from testbed.config.router import ExternalRouterConfig
 from testbed.errors import UserError
-from testbed.scenario.external_router import sglang_command, start_router
+from testbed.scenario.external_router import healthy_workers, router_command, start_router
 from testbed.scenario.external_run import join_record, with_router
 from testbed.scenario.openai_load import ClientView, PromptText
 from testbed.scenario.plan import RunOptions, RunPlan, RunResult
@@ -34,7 +34,7 @@ D = [InstanceInfo(id="local-decode-0", cluster="local", role="decode", url="http
 
 def test_the_preset_keeps_the_router_on_loopback_with_its_policy_and_flags() -> None:
     cfg = ExternalRouterConfig(policy="round_robin", flags=["--retry-max-retries", "3"])
-    cmd = sglang_command(cfg, "/py", 9000, 9001, [("http://127.0.0.1:4001", 4001)],
+    cmd = router_command(cfg, "/py", 9000, 9001, [("http://127.0.0.1:4001", 4001)],
                          ["http://127.0.0.1:4002"])  # fmt: skip
     assert cmd[:3] == ["/py", "-m", "sglang_router.launch_router"]  # the module, not a script
     line = " ".join(cmd)
@@ -43,8 +43,30 @@ def test_the_preset_keeps_the_router_on_loopback_with_its_policy_and_flags() -> 
     assert "--pd-disaggregation --prefill http://127.0.0.1:4001 4001 --decode" in line
     assert "--policy round_robin" in line and "--health-check-interval-secs 2" in line
     assert cmd[-2:] == ["--retry-max-retries", "3"]  # the scenario's flags last
-    assert "--policy cache_aware" in " ".join(sglang_command(ExternalRouterConfig(), "/py", 1,
+    assert "--policy cache_aware" in " ".join(router_command(ExternalRouterConfig(), "/py", 1,
                                                              2, [], []))  # fmt: skip
+
+
+def test_the_vllm_preset_names_no_bootstrap_port_and_no_tokenizer() -> None:
+    cfg = ExternalRouterConfig(preset="vllm-router", policy="round_robin")
+    cmd = router_command(cfg, "/py", 9000, 9001, [("http://127.0.0.1:4001", 4001)],
+                         ["http://127.0.0.1:4002"])  # fmt: skip
+    assert cmd[:3] == ["/py", "-m", "vllm_router.launch_router"]
+    line = " ".join(cmd)
+    assert "--host 127.0.0.1 --port 9000" in line
+    assert "--prometheus-host 127.0.0.1 --prometheus-port 9001" in line
+    assert "--vllm-pd-disaggregation --prefill http://127.0.0.1:4001 --decode" in line
+    assert "--tokenizer-path" not in line and "--log-level warning" in line
+    assert "--health-check-interval-secs 2 --health-failure-threshold 2" in line
+    assert ExternalRouterConfig(preset="vllm-router").policy == "cache_aware"
+
+
+def test_readiness_counts_both_routers_shapes() -> None:
+    assert healthy_workers({"status": "ready", "healthy_workers": 4, "total_workers": 4}) == 4
+    vllm = {"status": "ready", "prefill": {"healthy": 2, "total": 2},
+            "decode": {"healthy": 1, "total": 2}}  # fmt: skip
+    assert healthy_workers(vllm) == 3
+    assert healthy_workers({"status": "starting"}) is None and healthy_workers([]) is None
 
 
 def test_a_policy_the_router_has_not_is_refused() -> None:
