@@ -1,9 +1,11 @@
-"""SGLang's gateway (sglang-router, the `routers` extra) routes the emulated fleet live, under
-a prefill kill: 20 requests over 10 s (inputs <= 2K tokens, 16 output tokens) at time_scale 1,
-one PrfaaS prefill SIGKILLed for 4 s. Nothing is lost from the testbed's view, every completed
-request's KV is accounted and verified, the PrfaaS-served ones moved real KV bytes across the
-link, and the gateway's retries show as the workers saw them. Marker `routers`: `make test`
-installs the extra; selected without it, the run fails naming it (`make chaos` leaves it out)."""
+"""Each pinned external router (the `routers` extra: SGLang's gateway, sglang-router, and
+vllm-router) routes the emulated fleet live, under a prefill kill: 20 requests over 10 s (inputs
+<= 2K tokens, 16 output tokens) at time_scale 1, one PrfaaS prefill SIGKILLed for 4 s, the
+fleet speaking the router's flavour of the PD handshake. Nothing is lost from the testbed's
+view, every completed request's KV is accounted and verified, the PrfaaS-served ones moved real
+KV bytes across the link, and the router's retries show as the workers saw them. Marker
+`routers`: `make test` installs the extra; selected without it, the run fails naming it (`make
+chaos` leaves it out)."""
 
 from __future__ import annotations
 
@@ -42,12 +44,16 @@ SCENARIO = {
     },
     "policy": {"name": "prfaas-static", "threshold": "8K"},
     "nemesis": [{"action": "kill", "at": "3s", "for": "4s", "target": "prfaas-prefill-0"}],
-    "router": {"kind": "external", "preset": "sglang-router", "policy": "round_robin"},
 }
 
 
-async def test_sglang_gateway_routes_the_fleet_through_a_prefill_kill(tmp_path: Path) -> None:
-    sc = scenario_from_data(SCENARIO, tmp_path / "external-sglang.yaml")
+@pytest.mark.parametrize("preset", ["sglang-router", "vllm-router"])
+async def test_the_router_routes_the_fleet_through_a_prefill_kill(
+    tmp_path: Path, preset: str
+) -> None:
+    router = {"kind": "external", "preset": preset, "policy": "round_robin"}
+    data = {**SCENARIO, "name": f"external-{preset}", "router": router}
+    sc = scenario_from_data(data, tmp_path / f"external-{preset}.yaml")
     opts = RunOptions(out_dir=tmp_path / "out", progress=False, drain_timeout_s=30, timeline=False)
     result = await run_external(prepare_run(sc, opts), opts)
     checks = {c.name: (c.verdict, c.detail) for c in result.checks}
@@ -71,6 +77,6 @@ async def test_sglang_gateway_routes_the_fleet_through_a_prefill_kill(tmp_path: 
     assert {a["side"] for a in attempts} == {"prefill", "decode"}
     retried = [r for r in records if r["retries"] > 0]
     print(
-        f"completed {len(done)}/20, prfaas {len(prfaas)}, retried {len(retried)}, "
+        f"{preset}: completed {len(done)}/20, prfaas {len(prfaas)}, retried {len(retried)}, "
         f"failed {[r['failure_reason'] for r in records if r['status'] == 'failed']}"
     )
