@@ -122,10 +122,13 @@ FIELDS: dict[str, Tests] = {
     # an external router in front of the fleet (issue #32; docs/real-routers.md)
     "Scenario.router": (
         "tests/scenario/test_external_router.py::test_the_scenarios_router_section_is_read",
-        "tests/chaos/test_external_router.py::test_sglang_gateway_routes_the_fleet_through_a_prefill_kill",
+        "tests/chaos/test_external_router.py::test_the_router_routes_the_fleet_through_a_prefill_kill",
     ),
     "ExternalRouterConfig.kind": "tests/scenario/test_external_router.py::test_the_scenarios_router_section_is_read",
-    "ExternalRouterConfig.preset": "tests/scenario/test_external_router.py::test_the_preset_keeps_the_router_on_loopback_with_its_policy_and_flags",
+    "ExternalRouterConfig.preset": (
+        "tests/scenario/test_external_router.py::test_the_preset_keeps_the_router_on_loopback_with_its_policy_and_flags",
+        "tests/scenario/test_external_router.py::test_the_vllm_preset_names_no_bootstrap_port_and_no_tokenizer",
+    ),
     "ExternalRouterConfig.policy": (
         "tests/scenario/test_external_router.py::test_the_preset_keeps_the_router_on_loopback_with_its_policy_and_flags",
         "tests/scenario/test_external_router.py::test_a_policy_the_router_has_not_is_refused",
@@ -143,6 +146,7 @@ FIELDS: dict[str, Tests] = {
     "ServiceSpec.facade": (
         "tests/services/facade/test_sglang_facade.py::test_without_a_facade_a_worker_serves_only_our_routers_api",
         "tests/services/facade/test_sglang_facade.py::test_recorded_requests_are_prefilled_moved_verified_and_decoded",
+        "tests/services/facade/test_vllm_facade.py::test_recorded_requests_are_prefilled_held_pulled_verified_and_decoded",
     ),
     "ServiceSpec.facade_decodes": (
         "tests/services/facade/test_sglang_facade.py::test_only_the_deployments_decode_instances_may_register",

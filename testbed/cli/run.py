@@ -219,7 +219,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--router",
         metavar="PRESET[:POLICY]",
-        help="an external router in front of the fleet instead of ours, e.g. sglang-router or "
+        help="an external router in front of the fleet instead of ours, e.g. vllm-router or "
         "sglang-router:round_robin (needs pip install -e '.[routers]'; time_scale 1 unless "
         "--set scale.time_scale=...; docs/real-routers.md)",
     )

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -54,13 +55,15 @@ _ROUTER_ID_CHARS = 160
 and a uuid: `___prefill_addr_H:P___decode_addr_H:P_<uuid>`)."""
 
 
-def _ended(fac: PrefillFacade, room: Room, entry: dict[str, Any], released: list[str]) -> Any:
+def _ended(
+    fac: PrefillFacade, room: Room, entry: dict[str, Any], released: list[str]
+) -> Callable[[asyncio.Future[dict[str, Any]]], None]:
     """The job's end (its result set): settle the room for the decode's registration, journal
     the attempt once, forget a handle nobody registered for."""
 
     def done(fut: asyncio.Future[dict[str, Any]]) -> None:
         spec = fac.state.spec
-        result = fut.result() if not fut.cancelled() else {"error": "cancelled"}
+        result = {"error": "cancelled"} if fut.cancelled() else fut.result()
         times = {k: result[k] for k in TIMES if k in result}
         sent = int(result.get("kv_wire_bytes_sent", 0))
         outcome = {"prefill_instance": spec.id, "cluster": spec.cluster, **times,
