@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from testbed.services.dispatch_rules import REGISTER_TIMEOUT_S
 from testbed.services.validate import str_field
 from testbed.transfer.reassembly import ReceiverFull
 from testbed.transfer.receiver import KVReceiver
@@ -24,11 +25,6 @@ __all__ = ["EXPECTING", "EXPECT_GRACE_S", "REGISTER_TIMEOUT_S", "expect_kv", "la
 
 EXPECTING: Final = b'{"expecting":true}\n'
 """The first line of a /decode or /prefix/receive stream: the receiver now accepts its KV."""
-
-REGISTER_TIMEOUT_S: Final = 10.0
-"""Wall seconds the router waits for a decode instance to register a request (or a pull) before
-it gives the attempt up: registering is one HTTP round trip, so only a paused or wedged
-instance takes that long."""
 
 EXPECT_GRACE_S: Final = 30.0
 """Wall seconds past kv_timeout_s after which the receiver frees a request its handler never

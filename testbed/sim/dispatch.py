@@ -1,14 +1,14 @@
 """The router's dispatch on the sim: route with the policy, run the attempt on the modelled
 instances and link, retry what failed elsewhere, and fill the request's record.
 
-It follows services.router.dispatch (whose constants it imports): up to MAX_ATTEMPTS attempts;
-an instance that did not answer is marked down and avoided, a KV transfer that could not cross
-the link sends the next attempt to local prefill (`prfaas` excluded), a prefill that failed
-locally makes the next attempt avoid its decode instance; with no instance to route to, a
-request waits up to NO_ROUTE_WAIT_S for one to come back. Records carry the same fields and
-reasons as live ones. The prefix cache (kvcache.manager) is the live router's: lookups before
-routing, `plan_request` for what is computed and sent, inserts after a prefill, pulls across the
-link as flows.
+It follows services.router.dispatch (their shared constants: services.dispatch_rules): up to
+MAX_ATTEMPTS attempts; an instance that did not answer is marked down and avoided, a KV transfer
+that could not cross the link sends the next attempt to local prefill (`prfaas` excluded), a
+prefill that failed locally makes the next attempt avoid its decode instance; with no instance to
+route to, a request waits up to NO_ROUTE_WAIT_S for one to come back. Records carry the same
+fields and reasons as live ones. The prefix cache (kvcache.manager) is the live router's: lookups
+before routing, `plan_request` for what is computed and sent, inserts after a prefill, pulls
+across the link as flows.
 
 An attempt is a chain of callbacks on the virtual loop (prefill queued -> started -> ended ->
 KV delivered -> admitted -> tokens done), not a coroutine: the sim spends its time on events.
@@ -28,8 +28,7 @@ from testbed.policy.base import RequestView, Route
 from testbed.policy.decider import Decider
 from testbed.profiles import ModelProfile
 from testbed.scheduler.loops import ControlLoops
-from testbed.services.kv_expect import REGISTER_TIMEOUT_S
-from testbed.services.router.dispatch import MAX_ATTEMPTS, NO_ROUTE_WAIT_S
+from testbed.services.dispatch_rules import MAX_ATTEMPTS, NO_ROUTE_WAIT_S, REGISTER_TIMEOUT_S
 from testbed.sim.cluster import SimCluster, SimInstance
 from testbed.sim.instances import PrefillJob, Slot
 from testbed.sim.link import Flow

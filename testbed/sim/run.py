@@ -33,7 +33,7 @@ from testbed.scheduler.cluster import Role
 from testbed.scheduler.loops import ControlLoops
 from testbed.scheduler.spec import SchedulerSpec
 from testbed.scheduler.state import SchedulerState
-from testbed.services.router.dispatch import HEALTH_INTERVAL_S
+from testbed.services.dispatch_rules import HEALTH_INTERVAL_S
 from testbed.sim.cluster import SimCluster, SimInstance, scheduler_history
 from testbed.sim.dispatch import SimDispatcher
 from testbed.sim.instances import SimDecode, SimPrefill

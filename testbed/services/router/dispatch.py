@@ -30,7 +30,12 @@ from testbed.profiles import MODELS, ModelProfile
 from testbed.scheduler.cluster import Role, SenderCounters
 from testbed.scheduler.loops import ControlLoops
 from testbed.scheduler.state import SchedulerState
-from testbed.services.kv_expect import REGISTER_TIMEOUT_S
+from testbed.services.dispatch_rules import (
+    HEALTH_INTERVAL_S,
+    MAX_ATTEMPTS,
+    NO_ROUTE_WAIT_S,
+    REGISTER_TIMEOUT_S,
+)
 from testbed.services.kv_targets import deployment_targets, kv_address
 from testbed.services.pd import DECODE_PREFIX, PREFILL_PREFIX
 from testbed.services.router.engines import engine_requests
@@ -49,12 +54,6 @@ from testbed.services.spec import InstanceInfo, ServiceSpec
 from testbed.transfer.capability import new_wire_id
 
 __all__ = ["MAX_ATTEMPTS", "RouterState", "TokenSink", "role_view"]
-
-MAX_ATTEMPTS = 3
-"""Dispatch attempts per request before it fails with every attempt's reason."""
-HEALTH_INTERVAL_S = 0.5
-NO_ROUTE_WAIT_S = 10.0
-"""Wall seconds a request waits for an instance to come back when none can take it."""
 
 
 def role_view(info: InstanceInfo, role: str) -> InstanceInfo:
