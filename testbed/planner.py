@@ -27,7 +27,7 @@ from testbed.config import DeploymentConfig, PlannerConfig, SloConfig, WorkloadC
 from testbed.config.limits import MAX_THRESHOLDS, FieldError
 from testbed.profiles import HARDWARE, MODELS, ModelProfile
 from testbed.workload.build import length_distribution
-from testbed.workload.lengths import LengthDistribution
+from testbed.workload.lengths import LengthDistribution, split_many
 
 __all__ = ["PlanInputs", "StagePlan", "plan_deployment", "plan_inputs", "stage_throughputs"]
 
@@ -118,8 +118,6 @@ class StagePlan:
         return out
 
 
-_VECTOR_MIN = 4096
-"""Grids smaller than this many (threshold, split) pairs are searched pair by pair."""
 _VECTOR_TOL = 1e-8
 """How far below the largest Lambda_max a pair may be and still round to it (at 9 decimals)."""
 
@@ -169,6 +167,150 @@ def _per(amount: float, cost: float) -> float:
     """amount / cost, a rate: infinite when the cost is none (a profile whose prefill time or
     KV size extrapolates to zero at a short length), never a ZeroDivisionError."""
     return amount / cost if cost > 0 else math.inf
+
+
+def _per_many(amount: float | np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """`_per` element by element (the same division where the cost is positive, inf elsewhere)."""
+    positive = cost > 0
+    return np.where(positive, amount / np.where(positive, cost, 1.0), math.inf)
+
+
+Key = tuple[float, float]
+"""(round(Lambda_max, 9), -imbalance): the search keeps the first pair with the largest."""
+
+
+@dataclass(frozen=True)
+class _Search:
+    """What every (threshold, split) pair of one search shares, and the two ways to evaluate
+    pairs: `point` runs the scalar code on one pair (the reference, and how the winner's plan is
+    built); `best_pair` finds the winner among all pairs at once with numpy."""
+
+    model: ModelProfile
+    prfaas_hw: str | None
+    local_hw: str
+    n_prfaas: int
+    link: float
+    output_tokens: float
+    tpot_slo_s: float
+    bs_max: int
+    t_decode: float
+
+    def point(
+        self, p: float, l_long: float, l_short: float, n_p: int, n_d: int
+    ) -> tuple[Key, tuple[float, float, float, float]]:
+        """The pair's key and its stage throughputs (`stage_throughputs`)."""
+        stages = stage_throughputs(
+            self.model,
+            prfaas_hw=self.prfaas_hw,
+            local_hw=self.local_hw,
+            n_prfaas=self.n_prfaas,
+            n_prefill=n_p,
+            n_decode=n_d,
+            link_bytes_per_s=self.link,
+            p=p,
+            l_long=l_long,
+            l_short=l_short,
+            output_tokens=self.output_tokens,
+            tpot_slo_s=self.tpot_slo_s,
+        )
+        th_pf, th_pdp, _, lam = stages
+        rates = (th_pf / p if p > 0 else math.inf, th_pdp / (1 - p) if p < 1 else math.inf)
+        finite = [v for v in rates if math.isfinite(v)]
+        imbalance = abs(finite[0] - finite[1]) if len(finite) == 2 else 0.0
+        return (round(lam, 9), -imbalance), stages
+
+    def plan(
+        self,
+        name: str,
+        deployment: DeploymentConfig,
+        stages: tuple[float, float, float, float],
+        t: float,
+        p: float,
+        l_long: float,
+        l_short: float,
+        n_p: int,
+        n_d: int,
+    ) -> StagePlan:
+        """The operating point of one pair, from its stage throughputs."""
+        model, link, prfaas_hw, n_prfaas = self.model, self.link, self.prfaas_hw, self.n_prfaas
+        th_pf, th_pdp, th_pdd, lam = stages
+        stage_rates = {
+            "prfaas": th_pf / p if p > 0 else math.inf,
+            "pd-p": th_pdp / (1 - p) if p < 1 else math.inf,
+            "pd-d": th_pdd,
+        }
+        egress = lam * p * model.kv_bytes(l_long) * 8 / 1e9 if p > 0 else 0.0
+        link_bound = (
+            p > 0
+            and n_prfaas > 0
+            and prfaas_hw is not None
+            and _per(link, model.kv_bytes(l_long))
+            < _per(n_prfaas, model.prefill_time(prfaas_hw, l_long))
+        )
+        bottleneck = min(stage_rates, key=lambda k: stage_rates[k])
+        if link_bound and stage_rates["prfaas"] <= lam * (1 + LINK_TIE):
+            bottleneck = "link"  # the link holds the PrfaaS stage at (or within a hair of) lam
+        link_gbps = link * 8 / 1e9 if deployment.prfaas else 0.0
+        return StagePlan(
+            deployment=name,
+            lambda_max_rps=lam,
+            n_prfaas=n_prfaas if p > 0 else 0,
+            n_prefill=n_p,
+            n_decode=n_d,
+            threshold_tokens=float(t) if deployment.kind == "prfaas-pd" else None,
+            offload_fraction=p,
+            l_long_tokens=l_long,
+            l_short_tokens=l_short,
+            theta_prfaas_rps=th_pf if deployment.kind != "homogeneous" else None,
+            theta_pdp_rps=th_pdp if deployment.kind != "naive" else None,
+            theta_pdd_rps=th_pdd,
+            egress_gbps=egress,
+            link_gbps=link_gbps,
+            bs_max=self.bs_max,
+            t_decode_s=self.t_decode,
+            bottleneck=bottleneck,
+            link_utilisation=egress / link_gbps if link_gbps else 0.0,
+            link_max_rps=_per(link, p * model.kv_bytes(l_long)) if p > 0 and link_gbps else None,
+        )
+
+    def best_pair(
+        self, p: np.ndarray, l_long: np.ndarray, l_short: np.ndarray, splits: list[tuple[int, int]]
+    ) -> tuple[int, int]:
+        """(threshold index, split index) of the pair the exhaustive search keeps: the first,
+        thresholds outer and splits inner, with the largest key.
+
+        Every pair's Lambda_max and imbalance are computed at once with the same IEEE
+        operations as `point` (so the same floats); `round(., 9)` is Python's, applied to the
+        few distinct Lambda_max within _VECTOR_TOL of the largest (only those can round to
+        it). Pairs bound by PD-D tie on Lambda_max by the thousand when the split is free; the
+        imbalance then decides, here in one `argmin` rather than pair by pair.
+        """
+        n_p = np.array([sp[0] for sp in splits], dtype=np.int64)
+        n_d = np.array([sp[1] for sp in splits], dtype=np.int64)
+        offload, local = p > 0, p < 1
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if self.n_prfaas > 0 and self.prfaas_hw is not None:
+                compute = _per_many(
+                    self.n_prfaas, self.model.prefill_time_many(self.prfaas_hw, l_long)
+                )
+                network = _per_many(self.link, self.model.kv_bytes_many(l_long))
+                th_pf = np.where(offload, np.minimum(compute, network), 0.0)
+            else:
+                th_pf = np.zeros_like(p)
+            prf = np.where(offload, th_pf / np.where(offload, p, 1.0), math.inf)[:, None]
+            cost = self.model.prefill_time_many(self.local_hw, l_short)[:, None]
+            th_pdp = np.where(local[:, None] & (n_p > 0), _per_many(n_p, cost), 0.0)
+            pdp = np.where(local[:, None], th_pdp / (1 - p)[:, None], math.inf)
+            pdd = n_d * self.bs_max / (self.t_decode * self.output_tokens)
+            lam = np.minimum(np.minimum(prf, pdp), pdd).ravel()
+            both = np.isfinite(prf) & np.isfinite(pdp)
+            imbalance = np.where(both, np.abs(prf - pdp), 0.0).ravel()
+        near = np.flatnonzero(lam >= lam.max() - _VECTOR_TOL)
+        values, which = np.unique(lam[near], return_inverse=True)
+        rounded = np.array([round(float(v), 9) for v in values])[which.ravel()]
+        top = near[rounded == rounded.max()]
+        flat = int(top[np.argmin(imbalance[top])])
+        return divmod(flat, len(splits))
 
 
 def _grid_size(lengths: LengthDistribution, step: float) -> float:
@@ -237,110 +379,34 @@ def plan_deployment(
     decode = model.decode[deployment.local.hardware]
     bs_max = decode.bs_max(inputs.tpot_slo_s)
     t_decode = decode.step_time(bs_max)
-    points: list[tuple[float, float, float, float]] = []
-    for t in thresholds:
+    ctx = _Search(
+        model, prfaas_hw, deployment.local.hardware, n_prfaas_total, link,
+        inputs.output_tokens, inputs.tpot_slo_s, bs_max, t_decode,
+    )  # fmt: skip
+
+    def point_at(t: float) -> tuple[float, float, float]:
+        """(p, l_long, l_short) at threshold t; +-inf: homogeneous (none offloaded) or naive."""
         if math.isinf(t):
             mean = inputs.lengths.mean()
-            p, l_long, l_short = (1.0, mean, 0.0) if t < 0 else (0.0, 0.0, mean)
+            return (1.0, mean, 0.0) if t < 0 else (0.0, 0.0, mean)
+        return inputs.lengths.split(t)
+
+    if exhaustive:
+        pairs = [(float(t), sp) for t in thresholds for sp in splits]
+    else:
+        if math.isinf(thresholds[0]):
+            ps, l_longs, l_shorts = (np.array([x]) for x in point_at(float(thresholds[0])))
         else:
-            p, l_long, l_short = inputs.lengths.split(float(t))
-        points.append((float(t), p, l_long, l_short))
-
-    def candidates() -> list[tuple[tuple[float, float, float, float], tuple[int, int]]]:
-        """The (threshold, split) pairs that can hold the best key, in the search's order.
-
-        The best point is the first one, thresholds outer and splits inner, with the largest
-        (round(Lambda_max, 9), -imbalance). Lambda_max of every pair is computed at once with
-        numpy (the same IEEE operations as stage_throughputs); only the pairs within 1e-8 of
-        the largest can reach its rounded value, and those go through the exact scalar code
-        below, so the plan is the exhaustive search's, at a cost that grows with the grid's
-        size in C rather than in Python: 1,280 thresholds x 832 splits, the 10K-GPU
-        deployment's re-plan, in tens of milliseconds instead of seconds (bench/planner_search.py).
-        """
-        if exhaustive or len(points) * len(splits) <= _VECTOR_MIN:
-            return [(pt, sp) for pt in points for sp in splits]
-        n_p = np.array([sp[0] for sp in splits], dtype=np.int64)
-        n_d = np.array([sp[1] for sp in splits], dtype=np.int64)
-        theta_pdd = n_d * bs_max / (t_decode * inputs.output_tokens)
-        lam = np.empty((len(points), len(splits)))
-        for k, (_, p, l_long, l_short) in enumerate(points):
-            row = theta_pdd.copy()
-            if p > 0:
-                if n_prfaas_total > 0 and prfaas_hw is not None:
-                    compute = _per(n_prfaas_total, model.prefill_time(prfaas_hw, l_long))
-                    theta_prfaas = min(compute, _per(link, model.kv_bytes(l_long)))
-                else:
-                    theta_prfaas = 0.0
-                np.minimum(row, theta_prfaas / p, out=row)
-            if p < 1:
-                cost = model.prefill_time(deployment.local.hardware, l_short)
-                theta_pdp = n_p / cost if cost > 0 else np.where(n_p > 0, math.inf, 0.0)
-                np.minimum(row, theta_pdp / (1 - p), out=row)
-            lam[k] = row
-        flat = lam.ravel()
-        keep = np.flatnonzero(flat >= flat.max() - _VECTOR_TOL)
-        n = len(splits)
-        return [(points[int(i) // n], splits[int(i) % n]) for i in keep]
-
+            ps, l_longs, l_shorts = split_many(inputs.lengths, thresholds)
+        k, j = ctx.best_pair(ps, l_longs, l_shorts, splits)
+        pairs = [(float(thresholds[k]), splits[j])]
     best: tuple[tuple[float, float], StagePlan] | None = None
-    for (t, p, l_long, l_short), (n_p, n_d) in candidates():
-        th_pf, th_pdp, th_pdd, lam = stage_throughputs(
-            model,
-            prfaas_hw=prfaas_hw,
-            local_hw=deployment.local.hardware,
-            n_prfaas=n_prfaas_total,
-            n_prefill=n_p,
-            n_decode=n_d,
-            link_bytes_per_s=link,
-            p=p,
-            l_long=l_long,
-            l_short=l_short,
-            output_tokens=inputs.output_tokens,
-            tpot_slo_s=inputs.tpot_slo_s,
-        )
-        stage_rates = {
-            "prfaas": th_pf / p if p > 0 else math.inf,
-            "pd-p": th_pdp / (1 - p) if p < 1 else math.inf,
-            "pd-d": th_pdd,
-        }
-        finite = [v for v in (stage_rates["prfaas"], stage_rates["pd-p"]) if math.isfinite(v)]
-        imbalance = abs(finite[0] - finite[1]) if len(finite) == 2 else 0.0
-        key = (round(lam, 9), -imbalance)
+    for t, (n_p, n_d) in pairs:
+        p, l_long, l_short = point_at(t)
+        key, stages = ctx.point(p, l_long, l_short, n_p, n_d)
         if best is not None and key <= best[0]:
             continue
-        egress = lam * p * model.kv_bytes(l_long) * 8 / 1e9 if p > 0 else 0.0
-        link_bound = (
-            p > 0
-            and n_prfaas_total > 0
-            and prfaas_hw is not None
-            and _per(link, model.kv_bytes(l_long))
-            < _per(n_prfaas_total, model.prefill_time(prfaas_hw, l_long))
-        )
-        bottleneck = min(stage_rates, key=lambda k: stage_rates[k])
-        if link_bound and stage_rates["prfaas"] <= lam * (1 + LINK_TIE):
-            bottleneck = "link"  # the link holds the PrfaaS stage at (or within a hair of) lam
-        link_gbps = link * 8 / 1e9 if deployment.prfaas else 0.0
-        plan = StagePlan(
-            deployment=name,
-            lambda_max_rps=lam,
-            n_prfaas=n_prfaas_total if p > 0 else 0,
-            n_prefill=n_p,
-            n_decode=n_d,
-            threshold_tokens=float(t) if deployment.kind == "prfaas-pd" else None,
-            offload_fraction=p,
-            l_long_tokens=l_long,
-            l_short_tokens=l_short,
-            theta_prfaas_rps=th_pf if deployment.kind != "homogeneous" else None,
-            theta_pdp_rps=th_pdp if deployment.kind != "naive" else None,
-            theta_pdd_rps=th_pdd,
-            egress_gbps=egress,
-            link_gbps=link_gbps,
-            bs_max=bs_max,
-            t_decode_s=t_decode,
-            bottleneck=bottleneck,
-            link_utilisation=egress / link_gbps if link_gbps else 0.0,
-            link_max_rps=_per(link, p * model.kv_bytes(l_long)) if p > 0 and link_gbps else None,
-        )
+        plan = ctx.plan(name, deployment, stages, t, p, l_long, l_short, n_p, n_d)
         best = (key, plan)
     assert best is not None
     gpus = n_local * HARDWARE[deployment.local.hardware].gpus

@@ -13,6 +13,8 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 __all__ = ["Curve", "DecodeProfile", "HardwareProfile", "ModelProfile"]
 
 
@@ -38,6 +40,16 @@ class Curve:
         i = min(max(i, 1), len(self.xs) - 1)
         x0, x1 = self.xs[i - 1], self.xs[i]
         y0, y1 = self.ys[i - 1], self.ys[i]
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+    def many(self, x: np.ndarray) -> np.ndarray:
+        """The curve at every element of `x`, each equal to `self(x_i)` bit for bit (the same
+        segment choice and the same IEEE operations in the same order): the planner's
+        threshold search evaluates it at ~1,000 lengths per re-plan."""
+        xs = np.asarray(self.xs, dtype=float)
+        ys = np.asarray(self.ys, dtype=float)
+        i = np.clip(np.searchsorted(xs, x, side="right"), 1, len(xs) - 1)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
         return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
@@ -115,6 +127,16 @@ class ModelProfile:
         if tokens <= 0:
             return 0.0
         return max(self.prefill[hardware](tokens), 0.0)
+
+    def kv_bytes_many(self, tokens: np.ndarray) -> np.ndarray:
+        """`kv_bytes` at every element of `tokens` (element for element equal)."""
+        return np.where(
+            tokens <= 0, 0.0, np.maximum(self.kv_bytes_curve.many(tokens), self.state_bytes)
+        )
+
+    def prefill_time_many(self, hardware: str, tokens: np.ndarray) -> np.ndarray:
+        """`prefill_time` at every element of `tokens` (element for element equal)."""
+        return np.where(tokens <= 0, 0.0, np.maximum(self.prefill[hardware].many(tokens), 0.0))
 
     def kv_throughput(self, hardware: str, tokens: float) -> float:
         """Phi_kv(l) = S_kv(l) / T_prefill(l), bytes/s of KV one instance emits."""

@@ -17,7 +17,13 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["EmpiricalLengths", "FixedLength", "LengthDistribution", "TruncatedLognormal"]
+__all__ = [
+    "EmpiricalLengths",
+    "FixedLength",
+    "LengthDistribution",
+    "TruncatedLognormal",
+    "split_many",
+]
 
 
 class LengthDistribution(Protocol):
@@ -124,6 +130,18 @@ class EmpiricalLengths:
         l_long = (self._prefix[-1] - self._prefix[k]) / (n - k) if k < n else 0.0
         return p, l_long, l_short
 
+    def split_many(self, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`split` at every threshold of `ts` at once, with the same IEEE operations on the
+        same prefix sums, so each element equals `split(t)` bit for bit (the planner re-runs
+        its threshold search every scheduler tick, over ~1,000 thresholds)."""
+        n = len(self._sorted)
+        k = np.searchsorted(np.asarray(self._sorted), ts, side="right")  # = bisect_right
+        prefix = np.asarray(self._prefix)
+        p = (n - k) / n
+        l_short = np.where(k > 0, prefix[k] / np.maximum(k, 1), 0.0)
+        l_long = np.where(k < n, (prefix[-1] - prefix[k]) / np.maximum(n - k, 1), 0.0)
+        return p, l_long, l_short
+
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.choice(np.asarray(self._sorted), size=n, replace=True)
 
@@ -146,6 +164,22 @@ class FixedLength:
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.full(n, self.tokens)
+
+
+def split_many(
+    lengths: LengthDistribution, ts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(p, l_long, l_short) at every threshold of `ts`, as arrays: a distribution's own
+    `split_many` where it has one (the empirical lengths the scheduler re-plans with), else
+    `split` threshold by threshold (the same values either way)."""
+    many = getattr(lengths, "split_many", None)
+    if many is not None:
+        return many(ts)
+    rows = [lengths.split(float(t)) for t in ts]
+    if not rows:
+        return np.empty(0), np.empty(0), np.empty(0)
+    p, l_long, l_short = (np.array(col, dtype=float) for col in zip(*rows, strict=True))
+    return p, l_long, l_short
 
 
 def _norm_ppf(u: np.ndarray) -> np.ndarray:
