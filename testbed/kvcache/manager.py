@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from testbed.kvcache.pool import BLOCK_TOKENS, HybridPrefixPool
+from testbed.kvcache.pool import BLOCK_TOKENS, ChainKeys, HybridPrefixPool
 from testbed.policy.base import Cluster
 from testbed.profiles.base import ModelProfile
 
@@ -185,10 +185,12 @@ class KVCacheManager:
                 )
         return cls(pools)
 
-    def lookup(self, hash_ids: Sequence[int], input_tokens: int) -> CacheLookup:
-        """Cached prefix of a prompt in each cluster (refreshes their LRU position)."""
-        if not hash_ids:
+    def lookup(self, hash_ids: Sequence[int] | ChainKeys, input_tokens: int) -> CacheLookup:
+        """Cached prefix of a prompt in each cluster (refreshes their LRU position). Pass the
+        request's ChainKeys (the same one to its inserts) to hash each block once."""
+        if not len(hash_ids):
             return CacheLookup()
+        hash_ids = hash_ids if isinstance(hash_ids, ChainKeys) else ChainKeys(hash_ids)
         found: dict[str, int] = {}
         for cluster, pool in self.pools.items():
             found[cluster] = pool.match(hash_ids, input_tokens, record=False)
@@ -200,10 +202,10 @@ class KVCacheManager:
             local_kv = blocks * pool.block_tokens
         return CacheLookup(found.get("local", 0), found.get("prfaas", 0), local_kv)
 
-    def insert(self, cluster: Cluster, hash_ids: Sequence[int], tokens: int) -> int:
+    def insert(self, cluster: Cluster, hash_ids: Sequence[int] | ChainKeys, tokens: int) -> int:
         """Cache a prefix computed in (or pulled into) `cluster`; returns blocks kept."""
         pool = self.pools.get(cluster)
-        if pool is None or not hash_ids or tokens <= 0:
+        if pool is None or not len(hash_ids) or tokens <= 0:
             return 0
         self.counters[cluster].inserts += 1
         return pool.insert(hash_ids, tokens)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from testbed.clock import Clock
 from testbed.kvcache.manager import CacheLookup, CachePlan, KVCacheManager, plan_request
+from testbed.kvcache.pool import ChainKeys
 from testbed.metrics.records import RequestRecord
 from testbed.policy.base import RequestView, Route
 from testbed.policy.decider import Decider
@@ -84,6 +85,8 @@ class Attempt:
 class SimRequest:
     spec: RequestSpec
     rec: RequestRecord
+    keys: ChainKeys
+    """The prompt's prefix-cache chain keys, hashed once for every lookup and insert."""
     attempt: int = 0
     exclude: set[str] = field(default_factory=set)
     reasons: list[str] = field(default_factory=list)
@@ -136,7 +139,7 @@ class SimDispatcher:
             output_tokens=spec.output_tokens,
             arrival=self.loop.time(),
         )
-        req = SimRequest(spec, rec)
+        req = SimRequest(spec, rec, ChainKeys(spec.hash_ids))
         self.in_flight[spec.id] = req
         self._try(req)
 
@@ -175,9 +178,8 @@ class SimDispatcher:
     # ------------------------------------------------------------------ one attempt
 
     def _try(self, req: SimRequest) -> None:
-        rec, spec = req.rec, req.spec
-        hash_ids = spec.hash_ids
-        look = self.cache.lookup(hash_ids, rec.input_tokens) if self.cache else CacheLookup()
+        rec = req.rec
+        look = self.cache.lookup(req.keys, rec.input_tokens) if self.cache else CacheLookup()
         view = RequestView(
             rec.id, rec.input_tokens, rec.output_tokens, look.local, look.prfaas,
             self.cluster.model.kv_bytes(rec.input_tokens),
@@ -250,7 +252,7 @@ class SimDispatcher:
             def go() -> None:
                 rec.pull_s, rec.pull_status = self.loop.time() - started, "ok"
                 assert self.cache is not None
-                self.cache.insert(cluster, req.spec.hash_ids, plan.reused_tokens)
+                self.cache.insert(cluster, req.keys, plan.reused_tokens)
                 self._after_pull(req, route, plan)
 
             self.loop.call_at(at, go)
@@ -370,7 +372,7 @@ class SimDispatcher:
         rec.kv_wire_bytes_sent = att.wire_bytes
         self._release_prefill(att)
         if self.cache is not None:
-            self.cache.insert(att.prefill.cluster, att.req.spec.hash_ids, rec.input_tokens)
+            self.cache.insert(att.prefill.cluster, att.req.keys, rec.input_tokens)
             self.cache.record_prefill(att.prefill.cluster, att.plan)
         if att.decoded:
             self._complete(att)
