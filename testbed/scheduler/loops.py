@@ -67,6 +67,8 @@ class ControlLoops:
         self.window = (self.long or defaults).window
         self.min_samples = (self.long or defaults).min_samples
         self.observed: deque[tuple[float, int]] = deque(maxlen=MAX_OBSERVED)
+        self.in_order = True
+        """Every arrival so far was observed no earlier than the one before it."""
         self.n_prefill = spec.n_prefill
         self.estimator = LinkEstimator(self.dep.link.bandwidth)
         self.ctl: ThresholdController | None = None
@@ -89,13 +91,30 @@ class ControlLoops:
 
     def observe(self, now: float, input_tokens: int) -> None:
         """A request arrived at `now` (real seconds) with this routed length."""
+        if self.observed and now < self.observed[-1][0]:
+            self.in_order = False
         self.observed.append((now, input_tokens))
+
+    def _since(self, cutoff: float) -> list[int]:
+        """The lengths observed at or after `cutoff`, in arrival order. While arrivals were
+        observed in time order (the sim's always are), the scan walks back from the newest and
+        stops at the first older one instead of reading all MAX_OBSERVED (it ran at every
+        re-plan); otherwise every arrival is looked at. The same list either way."""
+        if not self.in_order:
+            return [n for t, n in self.observed if t >= cutoff]
+        recent = []
+        for t, n in reversed(self.observed):
+            if t < cutoff:
+                break
+            recent.append(n)
+        recent.reverse()
+        return recent
 
     def lengths(self) -> LengthDistribution:
         if len(self.observed) < self.min_samples:
             return self.configured
         cutoff = self.clock.now() - self.window
-        recent = [n for t, n in self.observed if t >= cutoff]
+        recent = self._since(cutoff)
         if len(recent) < self.min_samples:  # a quiet spell: the latest arrivals still tell
             recent = [n for _, n in list(self.observed)[-self.min_samples :]]
         return EmpiricalLengths.of(recent)
