@@ -1,102 +1,228 @@
-"""How fast the sim substrate runs the paper's workload: one simulated hour at 80% of
-lambda_max on the prfaas-pd deployment (scenarios/paper.yaml, about 9,300 requests).
+"""How fast the sim substrate runs a scenario, in CPU seconds: the simulation and the command.
 
-Runs `testbed run scenarios/paper.yaml --substrate sim --duration 3600` as a command pinned to
-one core and prints the summary's wall timings (simulate_s, results_s, total_s), the command's
-wall and CPU seconds, simulated requests per wall second and the speed-up over real time.
-`--profile` then profiles the simulation alone (in this process) and prints where its time goes.
+Each run is the command `testbed run SCENARIO --substrate sim ...` in a child process pinned to
+one core (`testbed.cli.main` called by this file's `--child` mode, with the simulate call timed
+in process CPU seconds); the parent reads the child's whole CPU (interpreter start-up, imports,
+planning, simulation, results) from getrusage. CPU seconds, not wall: the machine is shared and
+another job on the core stretches wall time far more than CPU time. The median of `--repeat`
+runs is reported per policy, with the load average before and after and the commit.
 
-Usage: python bench/sim_speed.py [--duration 3600] [--repeat 3] [--cpu 0] [--profile]
-The target (issue #15): simulate_s <= 1.2 s on one core, the whole command < 10 s.
+    python bench/sim_speed.py                       # paper.yaml, prfaas-pd at 80%, one hour
+    python bench/sim_speed.py --scenario scenarios/mooncake-trace.yaml \\
+        --trace ../shared/traces/mooncake_synthetic_trace.jsonl --duration 1100 \\
+        --set workload.arrivals.load=null \\
+        --policy prfaas-static --policy prfaas --policy prfaas-predict --repeat 5 \\
+        [--times 10] [--src /tmp/before] [--report bench/reports/sim_speed.md]
+
+`--times N` replays the trace N times end to end (hash ids offset per copy, so each copy meets
+the prefix cache as the first did; the duration is multiplied by N). `--src DIR` (repeatable)
+also runs the code of another checkout of the project (on PYTHONPATH), interleaved with this
+one run by run, so a before/after comparison sees the same load. `--profile` then profiles the
+simulation of the first policy in this process and prints where its time goes.
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
 import json
 import os
-import pstats
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def one_run(duration: float, cpu: int | None, out: Path) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "testbed.cli", "run", "scenarios/paper.yaml", "--substrate",
-           "sim", "--duration", str(duration), "--quiet", "--out", str(out)]  # fmt: skip
+def child(spec_path: str) -> int:
+    """Run the command in this process with the simulate call timed (the `--child` mode)."""
+    spec = json.loads(Path(spec_path).read_text())
+    import testbed.scenario.sim_run as sim_run
+
+    simulate = sim_run.simulate
+    cpu: list[float] = []
+
+    def timed(inputs: Any) -> Any:
+        t0 = time.process_time()
+        try:
+            return simulate(inputs)
+        finally:
+            cpu.append(time.process_time() - t0)
+
+    sim_run.simulate = timed  # type: ignore[assignment]
+    from testbed.cli import main as cli
+
+    rc = cli(spec["argv"])
+    Path(spec["result"]).write_text(json.dumps({"rc": rc, "simulate_cpu_s": sum(cpu)}))
+    return 0
+
+
+def tiled_trace(trace: Path, times: int, out: Path) -> Path:
+    """The trace replayed `times` times end to end, each copy's hash ids offset past the last."""
+    rows = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+    stamps = [r["timestamp"] for r in rows]
+    span = max(stamps) + (max(stamps) - min(stamps)) / max(len(rows) - 1, 1)
+    top = max((h for r in rows for h in r.get("hash_ids", [])), default=0) + 1
+    with out.open("w") as f:
+        for k in range(times):
+            for r in rows:
+                copy = dict(r, timestamp=r["timestamp"] + k * span)
+                copy["hash_ids"] = [h + k * top for h in r.get("hash_ids", [])]
+                f.write(json.dumps(copy) + "\n")
+    return out
+
+
+def cli_args(args: argparse.Namespace, trace: Path | None, policy: str | None) -> list[str]:
+    argv = ["run", args.scenario, "--substrate", "sim", "--quiet",
+            "--duration", str(args.duration * args.times)]  # fmt: skip
+    if trace is not None:
+        argv += ["--trace", str(trace)]
+    if policy is not None:
+        argv += ["--policy", policy]
+    for s in args.set or []:
+        argv += ["--set", s]
+    return argv
+
+
+def one_run(src: Path, argv: list[str], cpu: int | None, tmp: Path) -> dict[str, float]:
+    spec = tmp / "spec.json"
+    result = tmp / "result.json"
+    spec.write_text(json.dumps({"argv": [*argv, "--out", str(tmp / "out")], "result": str(result)}))
+    env = dict(os.environ, PYTHONPATH=str(src))
 
     def pin() -> None:
         if cpu is not None:
             os.sched_setaffinity(0, {cpu})
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
     subprocess.run(
-        cmd, cwd=ROOT, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        preexec_fn=pin,
+        [sys.executable, str(ROOT / "bench/sim_speed.py"), "--child", str(spec)],
+        cwd=src, env=env, check=True, stdout=subprocess.DEVNULL, preexec_fn=pin,
     )  # fmt: skip
-    wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    summary = json.loads((out / "summary.json").read_text())
+    out = json.loads(result.read_text())
+    summary = json.loads((tmp / "out" / "summary.json").read_text())
     return {
-        **summary["wall"],
-        "command_s": wall,
-        "cpu_s": cpu_s,
+        "simulate_cpu_s": out["simulate_cpu_s"],
+        "command_cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "simulate_wall_s": summary["wall"]["simulate_s"],
         "requests": summary["requests"]["submitted"],
         "failed": summary["requests"]["failed"],
     }
 
 
-def profile(duration: float) -> None:
-    from testbed.scenario.plan import RunOptions, prepare_run
-    from testbed.scenario.schema import load_scenario
-    from testbed.scenario.sim_run import sim_inputs
-    from testbed.sim import simulate
+def git(*cmd: str, cwd: Path = ROOT) -> str:
+    return subprocess.run(["git", *cmd], capture_output=True, text=True, cwd=cwd).stdout.strip()
 
-    opts = RunOptions(substrate="sim", duration_s=duration, out_dir=Path(tempfile.mkdtemp()))
-    inp = sim_inputs(prepare_run(load_scenario(ROOT / "scenarios/paper.yaml"), opts), opts)
-    t0 = time.process_time()
-    simulate(inp)
-    print(f"\nsimulate alone, in process: {time.process_time() - t0:.3f} CPU s (no profiler)")
-    prof = cProfile.Profile()
-    prof.runcall(simulate, inp)
-    pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+
+def label(src: Path) -> str:
+    dirty = git("status", "--porcelain", "--untracked-files=no", cwd=src)
+    return f"{git('rev-parse', '--short', 'HEAD', cwd=src)}{'+dirty' if dirty else ''}"
+
+
+def profile(args: argparse.Namespace, trace: Path | None, policy: str | None) -> None:
+    """Profile the simulation of one run of the command, in this process."""
+    import cProfile
+    import pstats
+
+    import testbed.scenario.sim_run as sim_run
+    from testbed.cli import main as cli
+
+    simulate, prof = sim_run.simulate, cProfile.Profile()
+    sim_run.simulate = lambda inputs: prof.runcall(simulate, inputs)  # type: ignore[assignment]
+    with tempfile.TemporaryDirectory() as out:
+        cli([*cli_args(args, trace, policy), "--out", out])
+    pstats.Stats(prof).sort_stats("tottime").print_stats(20)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--duration", type=float, default=3600.0)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--cpu", type=int, default=0, help="core to pin the command to (-1: none)")
+    ap.add_argument("--scenario", default="scenarios/paper.yaml")
+    ap.add_argument("--trace", type=Path, help="a Mooncake JSONL trace to replay")
+    ap.add_argument("--times", type=int, default=1, help="replay the trace N times end to end")
+    ap.add_argument("--policy", action="append", help="policy to run (repeatable)")
+    ap.add_argument("--set", action="append", help="PATH=VALUE, as testbed run's (repeatable)")
+    ap.add_argument("--duration", type=float, default=3600.0, help="seconds (x --times)")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--cpu", type=int, default=1, help="core to pin the runs to (-1: none)")
+    ap.add_argument("--src", type=Path, action="append", help="another checkout to run too")
+    ap.add_argument("--report", type=Path, help="write the figures as markdown here")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        return child(args.child)
     cpu = None if args.cpu < 0 else args.cpu
-    rows = []
+    srcs = [ROOT, *[s.resolve() for s in args.src or []]]
+    policies = args.policy or [None]
+    load_before = os.getloadavg()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    rows: dict[tuple[str, str], list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        trace = args.trace.resolve() if args.trace else None
+        if trace is not None and args.times > 1:
+            trace = tiled_trace(trace, args.times, Path(tmp) / "tiled.jsonl")
         for i in range(args.repeat):
-            rows.append(one_run(args.duration, cpu, Path(tmp) / f"run{i}"))
-    print(f"paper.yaml, prfaas-pd at 80% of lambda_max, {args.duration:.0f}s simulated, "
-          f"pinned to core {cpu}; load average {os.getloadavg()[0]:.1f}")  # fmt: skip
-    print(f"{'run':>3} {'requests':>8} {'simulate_s':>10} {'results_s':>9} {'total_s':>7} "
-          f"{'command_s':>9} {'cpu_s':>6} {'req/wall s':>10} {'x real':>7}")  # fmt: skip
-    for i, r in enumerate(rows):
-        sim = r["simulate_s"]
-        print(f"{i:>3} {r['requests']:>8.0f} {sim:>10.3f} {r['results_s']:>9.3f} "
-              f"{r['total_s']:>7.3f} {r['command_s']:>9.3f} {r['cpu_s']:>6.2f} "
-              f"{r['requests'] / sim:>10.0f} {args.duration / sim:>7.0f}")  # fmt: skip
-    best = min(rows, key=lambda r: r["simulate_s"])
-    print(f"best simulate_s {best['simulate_s']:.3f} s (target <= 1.2 s); "
-          f"best command {min(r['command_s'] for r in rows):.2f} s (target < 10 s)")  # fmt: skip
-    if args.profile:
-        profile(args.duration)
+            for src in srcs:
+                for policy in policies:
+                    run_dir = Path(tempfile.mkdtemp(dir=tmp))
+                    r = one_run(src, cli_args(args, trace, policy), cpu, run_dir)
+                    rows.setdefault((label(src), policy or "(scenario's)"), []).append(r)
+                    print(f"run {i} {label(src):>14} {policy or '':<16} "
+                          f"simulate {r['simulate_cpu_s']:6.2f} CPU s, command "
+                          f"{r['command_cpu_s']:6.2f} CPU s, {r['requests']:.0f} requests "
+                          f"(load {os.getloadavg()[0]:.2f})", flush=True)  # fmt: skip
+        load_after = os.getloadavg()
+        table = _table(rows)
+        print(table)
+        head = _provenance(args, srcs, cpu, load_before, load_after, started)
+        print(head)
+        if args.report is not None:
+            args.report.write_text(
+                "# The sim's speed (bench/sim_speed.py)\n\n" + head + "\n" + table
+                + "\nCPU seconds of one process pinned to one core: `simulate` is the "
+                "simulation alone (process CPU around `testbed.sim.simulate`), `command` the "
+                "whole `testbed run` (start-up, imports, planning, simulation, results files). "
+                "Median of the runs, [min-max] beside it.\n"
+            )  # fmt: skip
+        if args.profile:
+            profile(args, trace, policies[0])
     return 0
+
+
+def _table(rows: dict[tuple[str, str], list[dict[str, float]]]) -> str:
+    out = ("| code | policy | runs | requests | simulate, CPU s | command, CPU s |\n"
+           "|---|---|---|---|---|---|\n")  # fmt: skip
+
+    def fig(rs: list[dict[str, float]], key: str) -> str:
+        xs = [r[key] for r in rs]
+        return f"{statistics.median(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]"
+
+    for (code, policy), rs in rows.items():
+        out += (f"| {code} | {policy} | {len(rs)} | {rs[0]['requests']:.0f} | "
+                f"{fig(rs, 'simulate_cpu_s')} | {fig(rs, 'command_cpu_s')} |\n")  # fmt: skip
+    return out
+
+
+def _provenance(
+    args: argparse.Namespace,
+    srcs: list[Path],
+    cpu: int | None,
+    before: tuple[float, ...],
+    after: tuple[float, ...],
+    started: str,
+) -> str:
+    return (
+        f"- command: `python bench/sim_speed.py {' '.join(sys.argv[1:])}`\n"
+        f"- commit: {', '.join(f'{label(s)} ({s})' for s in srcs)}\n"
+        f"- date: {started}\n"
+        f"- machine: {os.cpu_count()} cores, runs pinned to core {cpu}; load average (1 min) "
+        f"before {before[0]:.2f}, after {after[0]:.2f}\n"
+    )
 
 
 if __name__ == "__main__":
