@@ -150,12 +150,12 @@ async def bootstrap(request: web.Request) -> web.Response:
     if address is None:
         raise openai_error(f"decode instance {decode.id} has no KV address", web.HTTPConflict)
     state.targets.check(address)  # the deployment's KV receivers only, as for POST /prefill
-    if not fac.opens_rooms and number not in fac.rooms.rooms:
+    room = fac.rooms.get(number) if fac.opens_rooms else fac.rooms.rooms.get(number)
+    if room is None:
         raise openai_error(
             f"{state.spec.id} holds no KV under handle {number} (never made, or released)",
             web.HTTPNotFound,
         )
-    room = fac.rooms.get(number)
     if room.target.done():
         raise openai_error(f"bootstrap room {number} already has a decode", web.HTTPConflict)
     room.target.set_result(Registration(wire_id, decode.id, address, expected))
