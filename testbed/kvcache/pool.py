@@ -18,7 +18,8 @@ torch engine); the emulated engine stores none. The pool does no I/O and reads n
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
+import struct
+from collections import OrderedDict, deque
 from collections.abc import Container, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import takewhile
@@ -44,10 +45,13 @@ def iter_chain_keys(hash_ids: Sequence[int]) -> Iterator[bytes]:
         yield prev
 
 
+_INT64 = struct.Struct("<q").pack
+"""A hash id as 8 little-endian signed bytes (what int.to_bytes(8, "little", signed=True)
+gives, without the method lookup: the chain hashes ~120K blocks on the Mooncake trace)."""
+
+
 def _chain(prev: bytes, h: int) -> bytes:
-    return hashlib.blake2b(
-        prev + int(h).to_bytes(8, "little", signed=True), digest_size=16
-    ).digest()
+    return hashlib.blake2b(prev + _INT64(h), digest_size=16).digest()
 
 
 class ChainKeys:
@@ -84,10 +88,11 @@ class ChainKeys:
         found = len(list(takewhile(present.__contains__, known)))
         if found < len(known) or found == n:
             return found
-        while found < n:
-            key = _chain(keys[-1] if keys else b"", ids[len(keys)])
-            keys.append(key)
-            if key not in present:
+        blake2b, prev = hashlib.blake2b, keys[-1] if keys else b""
+        for h in ids[len(keys) : n]:  # _chain, inline: this loop hashes most blocks
+            prev = blake2b(prev + _INT64(h), digest_size=16).digest()
+            keys.append(prev)
+            if prev not in present:
                 break
             found += 1
         return found
@@ -96,8 +101,11 @@ class ChainKeys:
         """The first `n` keys (at most `len(self)`), hashing those not hashed yet."""
         keys, ids = self._keys, self.hash_ids
         n = min(n, len(ids))
-        while len(keys) < n:
-            keys.append(_chain(keys[-1] if keys else b"", ids[len(keys)]))
+        if len(keys) < n:
+            blake2b, prev = hashlib.blake2b, keys[-1] if keys else b""
+            for h in ids[len(keys) : n]:  # _chain, inline
+                prev = blake2b(prev + _INT64(h), digest_size=16).digest()
+                keys.append(prev)
         return keys[:n]
 
 
@@ -229,12 +237,19 @@ class HybridPrefixPool:
         if full == 0:
             return 0
         keys = chain.first(full)
-        for i, key in enumerate(keys):
-            if key in self._blocks:
-                self._blocks.move_to_end(key)
+        blocks = self._blocks
+        # The leading blocks already cached (a prompt's shared prefix) only move to the LRU
+        # end, in order, at C speed; the rest one by one as before (the used bytes are summed
+        # block by block, so the float total is the same).
+        held = len(list(takewhile(blocks.__contains__, keys)))
+        deque(map(blocks.move_to_end, keys[:held]), maxlen=0)
+        for i in range(held, full):
+            key = keys[i]
+            if key in blocks:
+                blocks.move_to_end(key)
                 continue
             payload = block_payloads[i] if block_payloads is not None else None
-            self._blocks[key] = _Entry(self.block_bytes, payload)
+            blocks[key] = _Entry(self.block_bytes, payload)
             self._used += self.block_bytes
         if self.needs_state:
             last = keys[-1]
