@@ -126,7 +126,7 @@ class PoolStats:
     evictions: int
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class _Entry:
     size: float
     payload: Any = None
@@ -151,6 +151,7 @@ class HybridPrefixPool:
         self.block_tokens = block_tokens
         self._blocks: OrderedDict[bytes, _Entry] = OrderedDict()
         self._states: OrderedDict[bytes, _Entry] = OrderedDict()
+        self._bare_block = _Entry(self.block_bytes)
         self._used = 0.0
         self._transfer = 0.0
         self.hits = self.misses = self.hit_tokens = self.evictions = 0
@@ -248,8 +249,11 @@ class HybridPrefixPool:
             if key in blocks:
                 blocks.move_to_end(key)
                 continue
-            payload = block_payloads[i] if block_payloads is not None else None
-            blocks[key] = _Entry(self.block_bytes, payload)
+            blocks[key] = (
+                _Entry(self.block_bytes, block_payloads[i])
+                if block_payloads is not None
+                else self._bare_block  # no payload: one shared (immutable) entry
+            )
             self._used += self.block_bytes
         if self.needs_state:
             last = keys[-1]
