@@ -398,6 +398,16 @@ def plan_deployment(
             ps, l_longs, l_shorts = (np.array([x]) for x in point_at(float(thresholds[0])))
         else:
             ps, l_longs, l_shorts = split_many(inputs.lengths, thresholds)
+        if len(splits) > 1 and len(ps) > 1:
+            # Neighbouring thresholds with no length between them split the workload alike:
+            # their pairs are equal, and only the first of them can be the first best one
+            # (with one split, dropping them costs more than it saves).
+            first = np.ones(len(ps), dtype=bool)
+            first[1:] = (ps[1:] != ps[:-1]) | (l_longs[1:] != l_longs[:-1])
+            first[1:] |= l_shorts[1:] != l_shorts[:-1]
+            if not first.all():
+                thresholds = thresholds[first]
+                ps, l_longs, l_shorts = ps[first], l_longs[first], l_shorts[first]
         k, j = ctx.best_pair(ps, l_longs, l_shorts, splits)
         pairs = [(float(thresholds[k]), splits[j])]
     best: tuple[tuple[float, float], StagePlan] | None = None
