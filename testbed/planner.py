@@ -29,7 +29,14 @@ from testbed.profiles import HARDWARE, MODELS, ModelProfile
 from testbed.workload.build import length_distribution
 from testbed.workload.lengths import LengthDistribution, split_many
 
-__all__ = ["PlanInputs", "StagePlan", "plan_deployment", "plan_inputs", "stage_throughputs"]
+__all__ = [
+    "PlanInputs",
+    "SplitSearch",
+    "StagePlan",
+    "plan_deployment",
+    "plan_inputs",
+    "stage_throughputs",
+]
 
 
 @dataclass(frozen=True)
@@ -273,18 +280,11 @@ class _Search:
             link_max_rps=_per(link, p * model.kv_bytes(l_long)) if p > 0 and link_gbps else None,
         )
 
-    def best_pair(
+    def grid(
         self, p: np.ndarray, l_long: np.ndarray, l_short: np.ndarray, splits: list[tuple[int, int]]
-    ) -> tuple[int, int]:
-        """(threshold index, split index) of the pair the exhaustive search keeps: the first,
-        thresholds outer and splits inner, with the largest key.
-
-        Every pair's Lambda_max and imbalance are computed at once with the same IEEE
-        operations as `point` (so the same floats); `round(., 9)` is Python's, applied to the
-        few distinct Lambda_max within _VECTOR_TOL of the largest (only those can round to
-        it). Pairs bound by PD-D tie on Lambda_max by the thousand when the split is free; the
-        imbalance then decides, here in one `argmin` rather than pair by pair.
-        """
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Lambda_max and the stage imbalance of every pair (thresholds x splits), computed at
+        once with the same IEEE operations as `point`, so the same floats."""
         n_p = np.array([sp[0] for sp in splits], dtype=np.int64)
         n_d = np.array([sp[1] for sp in splits], dtype=np.int64)
         offload, local = p > 0, p < 1
@@ -302,15 +302,23 @@ class _Search:
             th_pdp = np.where(local[:, None] & (n_p > 0), _per_many(n_p, cost), 0.0)
             pdp = np.where(local[:, None], th_pdp / (1 - p)[:, None], math.inf)
             pdd = n_d * self.bs_max / (self.t_decode * self.output_tokens)
-            lam = np.minimum(np.minimum(prf, pdp), pdd).ravel()
+            lam = np.minimum(np.minimum(prf, pdp), pdd)
             both = np.isfinite(prf) & np.isfinite(pdp)
-            imbalance = np.where(both, np.abs(prf - pdp), 0.0).ravel()
-        near = np.flatnonzero(lam >= lam.max() - _VECTOR_TOL)
-        values, which = np.unique(lam[near], return_inverse=True)
-        rounded = np.array([round(float(v), 9) for v in values])[which.ravel()]
-        top = near[rounded == rounded.max()]
-        flat = int(top[np.argmin(imbalance[top])])
-        return divmod(flat, len(splits))
+            imbalance = np.where(both, np.abs(prf - pdp), 0.0)
+        return lam, imbalance
+
+
+def _first_best(lam: np.ndarray, imbalance: np.ndarray) -> int:
+    """Index of the first pair with the largest key (round(Lambda_max, 9), -imbalance), pairs
+    in the search's order. `round(., 9)` is Python's, applied to the few distinct Lambda_max
+    within _VECTOR_TOL of the largest (only those can round to it). Pairs bound by PD-D tie on
+    Lambda_max by the thousand when the split is free; the imbalance then decides, here in one
+    `argmin` rather than pair by pair."""
+    near = np.flatnonzero(lam >= lam.max() - _VECTOR_TOL)
+    values, which = np.unique(lam[near], return_inverse=True)
+    rounded = np.array([round(float(v), 9) for v in values])[which.ravel()]
+    top = near[rounded == rounded.max()]
+    return int(top[np.argmin(imbalance[top])])
 
 
 def _grid_size(lengths: LengthDistribution, step: float) -> float:
@@ -355,71 +363,123 @@ def plan_deployment(
     `exhaustive` evaluates every pair with the scalar code (the reference the fast search is
     tested against: tests/test_planner_search.py); the result is the same.
     """
-    model = MODELS[deployment.model]
-    link = deployment.link.bandwidth if link_bytes_per_s is None else link_bytes_per_s
-    n_local = deployment.local.instances
-    prfaas_hw = deployment.prfaas.hardware if deployment.prfaas else None
-    n_prfaas_total = deployment.prfaas.instances if deployment.prfaas else 0
+    return SplitSearch(
+        name, deployment, inputs, link_bytes_per_s=link_bytes_per_s, n_prefill=n_prefill,
+        threshold_tokens=threshold_tokens, exhaustive=exhaustive,
+    ).plan()  # fmt: skip
 
-    if deployment.kind == "naive":
-        splits = [(0, n_local)]
-        thresholds = np.array([-math.inf])
-    else:
-        fixed = n_prefill if n_prefill is not None else deployment.local.pinned_prefill
-        lo = 1 if fixed is None else fixed
-        hi = n_local - 1 if fixed is None else fixed
-        splits = [(n_p, n_local - n_p) for n_p in range(lo, hi + 1)]
-        if deployment.kind == "homogeneous":
-            thresholds = np.array([math.inf])
-        elif threshold_tokens is not None:
-            thresholds = np.array([float(threshold_tokens)])
+
+class SplitSearch:
+    """One search (`plan_deployment`'s arguments), asked for its best plan over all of its
+    splits or with the split pinned to one of them: the long-term loop asks for both with the
+    same inputs at every check (the free target, then the running split), and here they share
+    one grid. `plan(n)` is `plan_deployment(..., n_prefill=n)` exactly (the same pairs in the
+    same order, the column of the same arrays)."""
+
+    def __init__(
+        self,
+        name: str,
+        deployment: DeploymentConfig,
+        inputs: PlanInputs,
+        *,
+        link_bytes_per_s: float | None = None,
+        n_prefill: int | None = None,
+        threshold_tokens: float | None = None,
+        exhaustive: bool = False,
+    ) -> None:
+        self.args = (name, deployment, inputs, link_bytes_per_s, threshold_tokens, exhaustive)
+        model = MODELS[deployment.model]
+        link = deployment.link.bandwidth if link_bytes_per_s is None else link_bytes_per_s
+        n_local = deployment.local.instances
+        if deployment.kind == "naive":
+            self.splits = [(0, n_local)]
+            thresholds = np.array([-math.inf])
         else:
-            thresholds = _threshold_grid(inputs.lengths, inputs.threshold_step)
+            fixed = n_prefill if n_prefill is not None else deployment.local.pinned_prefill
+            lo = 1 if fixed is None else fixed
+            hi = n_local - 1 if fixed is None else fixed
+            self.splits = [(n_p, n_local - n_p) for n_p in range(lo, hi + 1)]
+            if deployment.kind == "homogeneous":
+                thresholds = np.array([math.inf])
+            elif threshold_tokens is not None:
+                thresholds = np.array([float(threshold_tokens)])
+            else:
+                thresholds = _threshold_grid(inputs.lengths, inputs.threshold_step)
+        self.thresholds = thresholds
+        decode = model.decode[deployment.local.hardware]
+        bs_max = decode.bs_max(inputs.tpot_slo_s)
+        prfaas = deployment.prfaas
+        self.ctx = _Search(
+            model, prfaas.hardware if prfaas else None, deployment.local.hardware,
+            prfaas.instances if prfaas else 0, link, inputs.output_tokens, inputs.tpot_slo_s,
+            bs_max, decode.step_time(bs_max),
+        )  # fmt: skip
+        self._grid: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
-    decode = model.decode[deployment.local.hardware]
-    bs_max = decode.bs_max(inputs.tpot_slo_s)
-    t_decode = decode.step_time(bs_max)
-    ctx = _Search(
-        model, prfaas_hw, deployment.local.hardware, n_prfaas_total, link,
-        inputs.output_tokens, inputs.tpot_slo_s, bs_max, t_decode,
-    )  # fmt: skip
-
-    def point_at(t: float) -> tuple[float, float, float]:
+    def _point(self, t: float) -> tuple[float, float, float]:
         """(p, l_long, l_short) at threshold t; +-inf: homogeneous (none offloaded) or naive."""
+        lengths = self.args[2].lengths
         if math.isinf(t):
-            mean = inputs.lengths.mean()
+            mean = lengths.mean()
             return (1.0, mean, 0.0) if t < 0 else (0.0, 0.0, mean)
-        return inputs.lengths.split(t)
+        return lengths.split(t)
 
-    if exhaustive:
-        pairs = [(float(t), sp) for t in thresholds for sp in splits]
-    else:
-        if math.isinf(thresholds[0]):
-            ps, l_longs, l_shorts = (np.array([x]) for x in point_at(float(thresholds[0])))
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(thresholds, Lambda_max, imbalance) of the grid, computed once."""
+        if self._grid is None:
+            thresholds = self.thresholds
+            if math.isinf(thresholds[0]):
+                ps, l_longs, l_shorts = (np.array([x]) for x in self._point(thresholds[0]))
+            else:
+                ps, l_longs, l_shorts = split_many(self.args[2].lengths, thresholds)
+            if len(self.splits) > 1 and len(ps) > 1:
+                # Neighbouring thresholds with no length between them split the workload
+                # alike: their pairs are equal, and only the first of them can be the first
+                # best one (with one split, dropping them costs more than it saves).
+                first = np.ones(len(ps), dtype=bool)
+                first[1:] = (ps[1:] != ps[:-1]) | (l_longs[1:] != l_longs[:-1])
+                first[1:] |= l_shorts[1:] != l_shorts[:-1]
+                if not first.all():
+                    thresholds = thresholds[first]
+                    ps, l_longs, l_shorts = ps[first], l_longs[first], l_shorts[first]
+            self._grid = (thresholds, *self.ctx.grid(ps, l_longs, l_shorts, self.splits))
+        return self._grid
+
+    def plan(self, n_prefill: int | None = None) -> StagePlan:
+        """The best plan over every split of this search (None), or over its split of
+        `n_prefill` PD-P instances (one it does not have is planned afresh)."""
+        name, deployment, inputs, link, threshold_tokens, exhaustive = self.args
+        columns = range(len(self.splits))
+        if n_prefill is not None:
+            columns = range(0)
+            for j, (n_p, _) in enumerate(self.splits):
+                if n_p == n_prefill:
+                    columns = range(j, j + 1)
+            if not columns:
+                return SplitSearch(
+                    name, deployment, inputs, link_bytes_per_s=link, n_prefill=n_prefill,
+                    threshold_tokens=threshold_tokens, exhaustive=exhaustive,
+                ).plan()  # fmt: skip
+        if exhaustive:
+            pairs = [(float(t), self.splits[j]) for t in self.thresholds for j in columns]
         else:
-            ps, l_longs, l_shorts = split_many(inputs.lengths, thresholds)
-        if len(splits) > 1 and len(ps) > 1:
-            # Neighbouring thresholds with no length between them split the workload alike:
-            # their pairs are equal, and only the first of them can be the first best one
-            # (with one split, dropping them costs more than it saves).
-            first = np.ones(len(ps), dtype=bool)
-            first[1:] = (ps[1:] != ps[:-1]) | (l_longs[1:] != l_longs[:-1])
-            first[1:] |= l_shorts[1:] != l_shorts[:-1]
-            if not first.all():
-                thresholds = thresholds[first]
-                ps, l_longs, l_shorts = ps[first], l_longs[first], l_shorts[first]
-        k, j = ctx.best_pair(ps, l_longs, l_shorts, splits)
-        pairs = [(float(thresholds[k]), splits[j])]
-    best: tuple[tuple[float, float], StagePlan] | None = None
-    for t, (n_p, n_d) in pairs:
-        p, l_long, l_short = point_at(t)
-        key, stages = ctx.point(p, l_long, l_short, n_p, n_d)
-        if best is not None and key <= best[0]:
-            continue
-        plan = ctx.plan(name, deployment, stages, t, p, l_long, l_short, n_p, n_d)
-        best = (key, plan)
-    assert best is not None
-    gpus = n_local * HARDWARE[deployment.local.hardware].gpus
-    if deployment.prfaas is not None:
-        gpus += n_prfaas_total * HARDWARE[deployment.prfaas.hardware].gpus
-    return dataclasses.replace(best[1], gpus=gpus)
+            thresholds, lam, imbalance = self._arrays()
+            if len(columns) == len(self.splits):
+                k, j = divmod(_first_best(lam.ravel(), imbalance.ravel()), len(self.splits))
+            else:
+                j = columns[0]
+                k = _first_best(lam[:, j], imbalance[:, j])
+            pairs = [(float(thresholds[k]), self.splits[j])]
+        ctx = self.ctx
+        best: tuple[tuple[float, float], StagePlan] | None = None
+        for t, (n_p, n_d) in pairs:
+            p, l_long, l_short = self._point(t)
+            key, stages = ctx.point(p, l_long, l_short, n_p, n_d)
+            if best is not None and key <= best[0]:
+                continue
+            best = (key, ctx.plan(name, deployment, stages, t, p, l_long, l_short, n_p, n_d))
+        assert best is not None
+        gpus = deployment.local.instances * HARDWARE[deployment.local.hardware].gpus
+        if deployment.prfaas is not None:
+            gpus += deployment.prfaas.instances * HARDWARE[deployment.prfaas.hardware].gpus
+        return dataclasses.replace(best[1], gpus=gpus)

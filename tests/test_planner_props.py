@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from testbed.config import DeploymentConfig
-from testbed.planner import PlanInputs, plan_deployment
+from testbed.planner import PlanInputs, SplitSearch, plan_deployment
 from testbed.profiles import MODELS
 from testbed.workload.lengths import (
     EmpiricalLengths,
@@ -117,3 +117,29 @@ def test_array_profiles_are_the_scalar_profiles(xs: list[float]) -> None:
         for hw in model.prefill:
             pf = model.prefill_time_many(hw, arr)
             assert [float(v) for v in pf] == [model.prefill_time(hw, x) for x in xs]
+
+
+@SETTINGS
+@given(
+    dep=deployments(),
+    lengths=lengths_lists,
+    step=st.sampled_from([250.0, 1000.0]),
+    link_scale=st.sampled_from([None, 0.01, 1.0]),
+    asks=st.lists(st.one_of(st.none(), st.integers(0, 41)), min_size=1, max_size=4),
+)
+def test_one_search_answers_every_split(
+    dep: DeploymentConfig,
+    lengths: list[int],
+    step: float,
+    link_scale: float | None,
+    asks: list[int | None],
+) -> None:
+    """What the long-term loop asks at a check (the free split, then pinned ones) from one
+    SplitSearch is what separate searches answer, whatever the order of the questions."""
+    inputs = PlanInputs(EmpiricalLengths.of(lengths), 149.0, 0.025, step)
+    link = None if link_scale is None else dep.link.bandwidth * link_scale
+    search = SplitSearch("d", dep, inputs, link_bytes_per_s=link)
+    for n in asks:
+        assert search.plan(n) == plan_deployment(
+            "d", dep, inputs, link_bytes_per_s=link, n_prefill=n
+        )

@@ -22,7 +22,7 @@ from collections import deque
 
 from testbed.clock import Clock, Scale
 from testbed.config import LongTermConfig
-from testbed.planner import PlanInputs, StagePlan, plan_deployment
+from testbed.planner import PlanInputs, SplitSearch, StagePlan, plan_deployment
 from testbed.profiles import MODELS
 from testbed.scheduler.balance import QueueBalance
 from testbed.scheduler.bandwidth import LinkEstimator, LinkSample
@@ -309,9 +309,11 @@ class ControlLoops:
             if self.converting:
                 continue
             inputs, bandwidth = self.inputs(), self.sustained_bandwidth()
+            # one grid for the check's questions (the free split, the running one, the target)
+            search = SplitSearch("prfaas-pd", self.dep, inputs, link_bytes_per_s=bandwidth)
 
-            def plan_split(n: int | None, inputs: PlanInputs = inputs, bw: float = bandwidth):
-                return self.plan(bw, n, inputs)
+            def plan_split(n: int | None, search: SplitSearch = search) -> StagePlan:
+                return search.plan(n)
 
             if controller is None:
                 controller = LongTermController(
