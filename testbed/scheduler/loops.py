@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
+from typing import TypeVar
 
 from testbed.clock import Clock, Scale
 from testbed.config import LongTermConfig
@@ -40,6 +41,20 @@ MAX_OBSERVED = 5000
 """Cap on remembered arrivals (a 30 s window at 100+ req/s is far beyond any scenario here)."""
 DRAIN_POLL_S = 0.05
 """Wall seconds between looks at a draining instance's outstanding count."""
+T = TypeVar("T")
+
+
+def _tail_since(entries: deque[tuple[float, T]], cutoff: float) -> list[T]:
+    """The values of the (time, value) entries at or after `cutoff`, in order, for entries
+    appended in time order: walks back from the newest and stops at the first older one,
+    rather than read all MAX_OBSERVED at every re-plan."""
+    recent = []
+    for t, value in reversed(entries):
+        if t < cutoff:
+            break
+        recent.append(value)
+    recent.reverse()
+    return recent
 
 
 class ControlLoops:
@@ -102,13 +117,7 @@ class ControlLoops:
         re-plan); otherwise every arrival is looked at. The same list either way."""
         if not self.in_order:
             return [n for t, n in self.observed if t >= cutoff]
-        recent = []
-        for t, n in reversed(self.observed):
-            if t < cutoff:
-                break
-            recent.append(n)
-        recent.reverse()
-        return recent
+        return _tail_since(self.observed, cutoff)
 
     def lengths(self) -> LengthDistribution:
         if len(self.observed) < self.min_samples:
@@ -133,7 +142,7 @@ class ControlLoops:
         short-term loop can ride out never converts an instance)."""
         assert self.long is not None
         since = self.clock.now() - self.long.sustain * self.long.interval
-        recent = [b for t, b in self.estimates if t >= since]
+        recent = _tail_since(self.estimates, since)  # the short-term loop's, in time order
         if not recent or self.estimates[0][0] > since:  # not watched that long yet: nominal
             return max([self.dep.link.bandwidth, *recent])
         return max(recent)

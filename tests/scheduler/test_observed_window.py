@@ -5,12 +5,13 @@ lengths, in the same order, as reading every arrival; out of order, every arriva
 from __future__ import annotations
 
 import random
+from collections import deque
 
 import pytest
 
 from testbed.clock import Scale
 from testbed.config import DeploymentConfig, LognormalLengths
-from testbed.scheduler.loops import ControlLoops
+from testbed.scheduler.loops import ControlLoops, _tail_since
 from testbed.scheduler.spec import SchedulerSpec
 from testbed.scheduler.state import SchedulerState
 from testbed.workload.lengths import EmpiricalLengths
@@ -62,3 +63,15 @@ def test_the_window_is_every_arrival_since_the_cutoff(shuffled: bool, seed: int)
             assert got is lo.configured
         elif len(want) >= lo.min_samples:
             assert got == EmpiricalLengths.of(want)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_tail_scan_reads_what_a_full_scan_reads(seed: int) -> None:
+    """`_tail_since` (the bandwidth estimates' sustain window too) on entries in time order."""
+    rng = random.Random(seed)
+    entries: deque[tuple[float, float]] = deque(maxlen=50)
+    for _ in range(rng.randint(0, 120)):
+        last = entries[-1][0] if entries else 0.0
+        entries.append((last + rng.choice([0.0, 0.5, 1.0]), rng.random()))
+    for cutoff in (-1.0, 0.0, 10.0, 30.0, 1e9):
+        assert _tail_since(entries, cutoff) == [b for t, b in entries if t >= cutoff]
