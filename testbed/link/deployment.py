@@ -17,6 +17,13 @@ bandwidth (the emulator's `link_bandwidth` toxic is left out, so the link is sha
 bandwidth changes and partitions drive it, and samples read its qdisc counters. Latency and
 jitter stay on the emulator either way.
 
+An external router's calls to the PrfaaS prefill instances cross the link's control path
+(`add_control_proxies`): one proxy per PrfaaS prefill instance with the link's RTT/2 and jitter
+each way and no bandwidth cap (HTTP bodies are not byte-scaled: through the capped link a 150 KB
+prompt would be paced at 1/byte_scale of its real rate). They are among `proxies`, so the
+nemesis' partition, latency, reset and slow-close faults hit them too, but not among
+`kv_proxies`: a bandwidth change leaves them alone and link samples do not count their bytes.
+
 A sample that fails (the emulator's /metrics answers 500 or not at all, its text does not parse,
 the qdisc cannot be read) is a `link_miss` history event with the reason (`sample_event`), so
 the summary counts the misses and the report and the console show them: a broken /metrics
@@ -39,12 +46,14 @@ from testbed.link.tc import WIRE_PER_PAYLOAD
 from testbed.metrics.records import HistoryEvent
 
 __all__ = [
+    "CONTROL_PREFIX",
     "LINK_GROUP",
     "LINK_MISS",
     "LINK_TOXIC",
     "SAMPLE_TIMEOUT_S",
     "KernelShaper",
     "LinkSetup",
+    "add_control_proxies",
     "add_link_proxies",
     "scrape_link",
 ]
@@ -53,6 +62,8 @@ LINK_GROUP = "xdc"
 """The link_bandwidth group every cross-datacenter proxy of a run shares."""
 LINK_TOXIC = "xdc-bandwidth"
 """The name of the shared-cap toxic on each cross-datacenter proxy."""
+CONTROL_PREFIX = "ctl-"
+"""The name of a control-path proxy is this plus the prefill instance id."""
 LINK_MISS = "link_miss"
 """The history event of a link sample that failed: `{"reason": "..."}`."""
 SAMPLE_TIMEOUT_S = 5.0
@@ -113,6 +124,9 @@ class LinkSetup:
     """Real-world configured bandwidth."""
     client: LinkClient | None = None
     proxies: list[str] = field(default_factory=list)
+    """Every cross-datacenter proxy of the run: the KV ones and the control path's."""
+    control: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """prefill instance id -> (host, port) of its control-path proxy (add_control_proxies)."""
     kernel: KernelShaper | None = None
     """The kernel shaper when `link.shaper` is tc; None: the emulator shapes."""
     sender_netns: str | None = None
@@ -122,6 +136,12 @@ class LinkSetup:
     @property
     def enabled(self) -> bool:
         return self.client is not None
+
+    @property
+    def kv_proxies(self) -> list[str]:
+        """The proxies KV crosses: capped, sampled, counted in link bytes."""
+        ctl = {CONTROL_PREFIX + i for i in self.control}
+        return [p for p in self.proxies if p not in ctl]
 
     @property
     def shaper(self) -> str:
@@ -142,14 +162,15 @@ class LinkSetup:
             self.configured_bytes_per_s = real_bytes_per_s
             return
         assert self.client is not None
-        for name in self.proxies:
+        for name in self.kv_proxies:
             await self.client.update_toxic(
                 name, LINK_TOXIC, attributes={"rate": self.to_wire(real_bytes_per_s) / 1000.0}
             )
         self.configured_bytes_per_s = real_bytes_per_s
 
     async def partition(self) -> None:
-        """Disable every cross-datacenter proxy: open connections are closed, new ones refused;
+        """Disable every cross-datacenter proxy (the control path's too): open connections are
+        closed, new ones refused;
         with the kernel shaper, every packet on the link is dropped too."""
         assert self.client is not None
         if self.kernel is not None:
@@ -202,7 +223,7 @@ class LinkSetup:
         return HistoryEvent(t, "link", data)
 
     def _sample_emulator(self, text: str) -> dict[str, Any]:
-        total, cap = scrape_link(text, self.proxies)
+        total, cap = scrape_link(text, self.kv_proxies)
         now = asyncio.get_running_loop().time()
         gbps = 0.0
         if self._last is not None and now > self._last[0]:
@@ -254,9 +275,6 @@ async def add_link_proxies(
     group and RTT/2 (+ jitter) of latency each way, in emulated units. Fills `setup.routes`.
     With a kernel shaper the cap is the kernel's, and the proxies get latency only."""
     assert setup.client is not None
-    clock = LiveClock.paced(setup.scale)
-    one_way_ms = clock.wall(link.rtt / 2) * 1e3
-    jitter_ms = clock.wall(link.jitter) * 1e3
     for decode_id, (host, port) in upstreams.items():
         name = f"xdc-{decode_id}"
         info = await setup.client.create_proxy(
@@ -271,14 +289,43 @@ async def add_link_proxies(
                 stream="upstream",
                 attributes={"rate": setup.to_wire(link.bandwidth) / 1000.0, "group": LINK_GROUP},
             )
-        if one_way_ms > 0 or jitter_ms > 0:
-            for stream in ("upstream", "downstream"):
-                await setup.client.add_toxic(
-                    name,
-                    "latency",
-                    name=f"rtt-{stream}",
-                    stream=stream,
-                    attributes={"latency": one_way_ms, "jitter": jitter_ms},
-                )
+        await _latency_toxics(setup, link, name)
         lhost, lport = info["listen"].rsplit(":", 1)
         setup.routes[decode_id] = (lhost, int(lport))
+
+
+async def _latency_toxics(setup: LinkSetup, link: LinkConfig, name: str) -> None:
+    """RTT/2 (+ jitter) on both directions of proxy `name`, in wall milliseconds."""
+    assert setup.client is not None
+    clock = LiveClock.paced(setup.scale)
+    one_way_ms = clock.wall(link.rtt / 2) * 1e3
+    jitter_ms = clock.wall(link.jitter) * 1e3
+    if one_way_ms > 0 or jitter_ms > 0:
+        for stream in ("upstream", "downstream"):
+            await setup.client.add_toxic(
+                name,
+                "latency",
+                name=f"rtt-{stream}",
+                stream=stream,
+                attributes={"latency": one_way_ms, "jitter": jitter_ms},
+            )
+
+
+async def add_control_proxies(
+    setup: LinkSetup, link: LinkConfig, upstreams: dict[str, tuple[str, int]]
+) -> dict[str, tuple[str, int]]:
+    """One control-path proxy per PrfaaS prefill instance (`upstreams`: its HTTP address),
+    listening on 127.0.0.1: the link's RTT/2 and jitter each way, no bandwidth cap, not counted
+    in link bytes (see the module's doc). Returns (and keeps in `setup.control`) each
+    instance's proxy address, which an external router is given instead of the instance's."""
+    assert setup.client is not None
+    for prefill_id, (host, port) in upstreams.items():
+        name = CONTROL_PREFIX + prefill_id
+        info = await setup.client.create_proxy(
+            name, upstream=f"{host}:{port}", listen="127.0.0.1:0"
+        )
+        setup.proxies.append(name)
+        await _latency_toxics(setup, link, name)
+        lhost, lport = info["listen"].rsplit(":", 1)
+        setup.control[prefill_id] = (lhost, int(lport))
+    return dict(setup.control)

@@ -19,7 +19,7 @@ import importlib.util
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -201,8 +201,12 @@ async def start_router(
     prefills: Sequence[InstanceInfo],
     decodes: Sequence[InstanceInfo],
     log_dir: Path,
+    via: Mapping[str, str] | None = None,
 ) -> RouterProcess:
-    """Start the configured router in front of these instances and wait until it is ready."""
+    """Start the configured router in front of these instances and wait until it is ready.
+    `via`: instance id -> the URL the router is given instead of the instance's own (the link's
+    control-path proxy of a PrfaaS prefill); a bootstrap port stays the instance's own, since
+    the decode half meets the prefill directly."""
     preset = PRESETS[cfg.preset]
     if not _installed(cfg.python, preset.module):
         raise UserError(
@@ -211,8 +215,10 @@ async def start_router(
         )
     python = cfg.python or sys.executable
     port = free_port()
-    workers = [(p.url, int(p.url.rsplit(":", 1)[1])) for p in prefills]
-    cmd = router_command(cfg, python, port, free_port(), workers, [d.url for d in decodes])
+    via = via or {}
+    workers = [(via.get(p.id, p.url), int(p.url.rsplit(":", 1)[1])) for p in prefills]
+    decode_urls = [via.get(d.id, d.url) for d in decodes]
+    cmd = router_command(cfg, python, port, free_port(), workers, decode_urls)
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"router-{cfg.preset}.log"
     with log.open("wb") as out:

@@ -4,6 +4,8 @@ from the emulator's metrics."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from testbed.config import LinkConfig, ScaleConfig
@@ -12,6 +14,7 @@ from testbed.link.deployment import (
     LINK_GROUP,
     LINK_TOXIC,
     LinkSetup,
+    add_control_proxies,
     add_link_proxies,
     scrape_link,
 )
@@ -60,3 +63,41 @@ def test_scrape_counts_only_the_runs_proxies() -> None:
     )
     assert scrape_link(text, ["xdc-a"]) == (105.0, 2500.0)
     assert scrape_link(text, []) == (0.0, 0.0)
+
+
+async def test_control_proxies_delay_and_cut_but_neither_cap_nor_count(
+    client: LinkClient, echo: tuple[str, int]
+) -> None:
+    """An external router's path to a PrfaaS prefill: the link's latency both ways, cut by a
+    partition, but no bandwidth toxic (a bandwidth change skips it) and no bytes in the link's
+    samples."""
+    scale = ScaleConfig(time_scale=1, byte_scale=1000)
+    link = LinkConfig(bandwidth=12.5e9, rtt=0.02, jitter=0.002)
+    setup = LinkSetup({}, scale, link.bandwidth, client=client)
+    await add_link_proxies(setup, link, {"local-decode-0": echo}, lambda _d: "127.0.0.1:0")
+    routes = await add_control_proxies(setup, link, {"prfaas-prefill-0": echo})
+    assert setup.kv_proxies == ["xdc-local-decode-0"]
+    assert setup.proxies == ["xdc-local-decode-0", "ctl-prfaas-prefill-0"]
+    assert routes == setup.control and routes["prfaas-prefill-0"] != echo
+    toxics = {t["name"]: t for t in await client.toxics("ctl-prfaas-prefill-0")}
+    assert set(toxics) == {"rtt-upstream", "rtt-downstream"}  # no LINK_TOXIC
+    assert toxics["rtt-upstream"]["attributes"]["latency"] == pytest.approx(10.0)
+    assert toxics["rtt-downstream"]["attributes"]["jitter"] == pytest.approx(2.0)
+
+    host, port = routes["prfaas-prefill-0"]
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(b"x" * 100_000)
+    assert len(await reader.readexactly(100_000)) == 100_000  # echoed through the proxy
+    writer.close()
+    await setup.set_bandwidth(1.25e9)  # only the KV proxy has the cap to update
+    sample = await setup.sample()
+    assert sample is not None and sample["wire_bytes"] == 0.0  # the control bytes not counted
+
+    await setup.partition()
+    with pytest.raises(OSError):
+        await asyncio.open_connection(host, port)
+    await setup.heal()
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(b"ping")
+    assert await reader.readexactly(4) == b"ping"
+    writer.close()

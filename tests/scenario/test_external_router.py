@@ -93,6 +93,19 @@ async def test_a_router_that_exits_is_one_line_with_its_stderr(tmp_path: Path) -
         await start_router(cfg, P, D, tmp_path)
 
 
+async def test_the_router_is_given_the_control_path_proxy_and_the_instances_own_bootstrap(
+    tmp_path: Path,
+) -> None:
+    """A PrfaaS prefill reached through the link's control-path proxy: the router calls the
+    proxy, and the decode half meets the prefill at its own port (the bootstrap port)."""
+    cfg = ExternalRouterConfig(python=_fake_router(tmp_path, "exit 3"))
+    with pytest.raises(UserError, match="exited with code 3"):
+        await start_router(cfg, P, D, tmp_path, via={"prfaas-prefill-0": "http://127.0.0.1:5999"})
+    command = (tmp_path / "router-sglang-router.log").read_text().splitlines()[0]
+    assert "--prefill http://127.0.0.1:5999 4001" in command
+    assert "--decode http://127.0.0.1:4002" in command and ":4001 " not in command
+
+
 async def test_a_router_never_ready_is_stopped_after_ready_timeout(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
     cfg = ExternalRouterConfig(
