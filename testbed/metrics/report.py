@@ -14,6 +14,7 @@ from typing import Any
 
 from testbed.checkers.result import CheckResult
 from testbed.metrics.files import atomic_write
+from testbed.metrics.router_reaction import reaction_lines
 from testbed.metrics.summary import link_warning
 from testbed.units import format_size, format_tokens
 
@@ -50,6 +51,7 @@ _COMPUTED = {
     "policy_thresholds",
     "faults",
     "decisions",
+    "router_reaction",
     "checks",  # the runner stores checker results in summary.json too; shown under Checks
 }
 
@@ -370,6 +372,8 @@ def render_report(
                 f"- t = {f['t']:.4g} s: {f.get('action', '?')}"
                 + (f" ({_describe(rest)})" if rest else "")
             )
+
+    lines += reaction_lines(summary.get("router_reaction"))
 
     lines += ["", "## Checks", ""]
     if checks:

@@ -42,6 +42,7 @@ from testbed.clock import LiveClock, Scale
 from testbed.config import SloConfig
 from testbed.metrics.bench import DEFAULT_PERCENTILES, benchmark, latency_sections
 from testbed.metrics.records import HistoryEvent, RequestRecord
+from testbed.metrics.router_reaction import router_reaction
 from testbed.metrics.thresholds import policy_thresholds
 from testbed.policy.decider import fallback_kind, wall_percentiles_ms
 from testbed.units import format_size
@@ -345,6 +346,8 @@ def summarize(
         "faults": [{"t": e.t, **e.data} for e in history if e.kind == "fault"],
         "decisions": decisions(records, history, scale),
     }
+    if (reaction := router_reaction(records, history)) is not None:  # an external router's
+        summary["router_reaction"] = reaction
     if outside_policy(summary["decisions"]):  # its own threshold, the fallback's beside it
         summary["policy_thresholds"] = policy_thresholds(records, history, outside=True)
     for key, value in (extra or {}).items():

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from testbed.clock import until_due
 from testbed.config.router import ExternalRouterConfig
 from testbed.errors import UserError
+from testbed.link.deployment import add_control_proxies
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.policy import get_policy
 from testbed.scenario.external_router import PRESETS, RouterProcess, start_router
@@ -93,6 +94,11 @@ class ExternalRun(_Run):
             raise UserError("an external-router run needs the scenario's router: section")
         if rp.deployment.engine != "emulated":
             raise UserError("router: an external router runs the emulated engine only, so far")
+        if rp.deployment.link.shaper == "tc":
+            raise UserError(
+                "router: an external router runs with link.shaper emulator only, so far (its "
+                "control-path proxies must listen where the router is)"
+            )
         if get_policy(rp.policy).long_term and rp.deployment.prfaas is not None:
             raise UserError(
                 f"router: an external router needs the planner's static PD split; policy "
@@ -106,6 +112,9 @@ class ExternalRun(_Run):
         self.attempts: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.read_upto: dict[str, int] = {}
         self.prompts = PromptText()
+        self.instance_at: dict[str, str] = {}
+        """host:port -> instance id, for the instances' own addresses and their control-path
+        proxies: maps the addresses the router and the decode halves name back to instances."""
 
     def _spec(self, role: str, sid: str, cluster: str, hardware: str) -> ServiceSpec:
         """Every prefill and decode instance serves the facade; a prefill learns the decode
@@ -150,7 +159,29 @@ class ExternalRun(_Run):
             elif s.role == "decode":
                 decodes.append(InstanceInfo(id=s.id, cluster=s.cluster, role="decode", url=h.url))
         self.workers = prefills + decodes
-        self.process = await start_router(self.cfg, prefills, decodes, self.opts.out_dir / "logs")
+        via = await self._control_path(prefills)
+        for inst in self.workers:
+            self.instance_at[inst.url.removeprefix("http://")] = inst.id
+        for iid, url in via.items():
+            self.instance_at[url.removeprefix("http://")] = iid
+        self.process = await start_router(
+            self.cfg, prefills, decodes, self.opts.out_dir / "logs", via=via
+        )
+
+    async def _control_path(self, prefills: list[InstanceInfo]) -> dict[str, str]:
+        """The router's calls to PrfaaS prefill instances cross the link's control path: one
+        proxy each on the link emulator, with the link's RTT, jitter, partition and reset but
+        not its bandwidth cap (testbed.link.deployment.add_control_proxies). Returns instance
+        id -> the proxy's URL; empty without a link."""
+        if self.link is None or not self.link.enabled:
+            return {}
+        far = {}
+        for p in prefills:
+            if p.cluster == "prfaas":
+                host, port = p.url.removeprefix("http://").rsplit(":", 1)
+                far[p.id] = (host, int(port))
+        routes = await add_control_proxies(self.link, self.rp.deployment.link, far)
+        return {iid: f"http://{host}:{port}" for iid, (host, port) in routes.items()}
 
     async def shutdown(self) -> None:
         if self.process is not None:
@@ -181,9 +212,20 @@ class ExternalRun(_Run):
                         doc = await resp.json()
                 for a in doc["attempts"]:
                     self.read_upto[inst.id] = max(self.read_upto.get(inst.id, 0), int(a["seq"]))
+                    self._place(a)
                     if a.get("request") is not None:
                         self.attempts[str(a["request"])].append(a)
                     self.history.append(HistoryEvent(self.clock.now(), "attempt", a))
+
+    def _place(self, attempt: dict[str, Any]) -> None:
+        """An attempt's arrival on the load's clock (`at`, the nemesis' clock too), and for a
+        decode attempt the prefill instance the router paired it with (`prefill_target`, from
+        the address it met the prefill at), for testbed.metrics.router_reaction."""
+        if attempt.get("arrival") is not None:
+            attempt["at"] = self.load_time(float(attempt["arrival"]))
+        addr = attempt.get("prefill_addr")
+        if isinstance(addr, str) and addr in self.instance_at:
+            attempt["prefill_target"] = self.instance_at[addr]
 
     async def _sample(self, session: aiohttp.ClientSession) -> None:
         """The instances' journals and the link, every SAMPLE_INTERVAL_S; a router that exits

@@ -3,7 +3,8 @@ vllm-router) routes the emulated fleet live, under a prefill kill: 20 requests o
 <= 2K tokens, 16 output tokens) at time_scale 1, one PrfaaS prefill SIGKILLed for 4 s, the
 fleet speaking the router's flavour of the PD handshake. Nothing is lost from the testbed's
 view, every completed request's KV is accounted and verified, the PrfaaS-served ones moved real
-KV bytes across the link, and the router's retries show as the workers saw them. Marker
+KV bytes across the link, the router reached the PrfaaS prefills through the link's
+control-path proxies, and its reaction (summary.json's `router_reaction`) shows the kill. Marker
 `routers`: `make test` installs the extra; selected without it, the run fails naming it (`make
 chaos` leaves it out)."""
 
@@ -75,8 +76,23 @@ async def test_the_router_routes_the_fleet_through_a_prefill_kill(
     ]
     attempts = [e for e in history if e["kind"] == "attempt"]
     assert {a["side"] for a in attempts} == {"prefill", "decode"}
+    # the router reaches the PrfaaS prefills through the link's control path: its command line
+    # names the proxies, not the instances' own addresses (which the decode halves met them at)
+    log = (tmp_path / "out" / "logs" / f"router-{preset}.log").read_text()
+    command = log.splitlines()[0].split()
+    decodes = [a for a in attempts if a["side"] == "decode"]
+    far = {a["prefill_addr"] for a in decodes if a.get("prefill_target", "").startswith("prfaas")}
+    assert far and not {f"http://{addr}" for addr in far} & set(command), (far, command)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    reaction = summary["router_reaction"]
+    (kill,) = reaction["faults"]
+    assert kill["action"] == "kill" and kill["instances"] == ["prfaas-prefill-0"]
+    assert reaction["attempts"]["prefill"] and reaction["attempts"]["decode"]
+    assert sum(reaction["failures"].values()) == summary["requests"]["failed"]
+    assert "## Router reaction" in (tmp_path / "out" / "report.md").read_text()
     retried = [r for r in records if r["retries"] > 0]
     print(
         f"{preset}: completed {len(done)}/20, prfaas {len(prfaas)}, retried {len(retried)}, "
-        f"failed {[r['failure_reason'] for r in records if r['status'] == 'failed']}"
+        f"failed {[r['failure_reason'] for r in records if r['status'] == 'failed']}, "
+        f"kill reaction {kill}"
     )

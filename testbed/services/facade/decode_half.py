@@ -134,6 +134,7 @@ async def decode_half(request: web.Request, chat: bool) -> web.StreamResponse:
         "output_tokens": req.output_tokens,
         "arrival": state.clock.now(),
         "kv_wire_bytes_expected": expected,
+        "prefill_addr": f"{req.bootstrap_host}:{req.bootstrap_port}",  # where the router paired
     }
     if (rid := request.headers.get("X-Request-Id")) is not None:  # vllm-router's own id
         entry["router_id"] = rid[:160]
