@@ -1,0 +1,216 @@
+"""The fault matrix for external routers (issue #32 (iii)): how sglang-router and vllm-router,
+each with round_robin and its default cache_aware, react to a prefill kill, a link partition
+and a bandwidth drop, next to our own `prfaas` and `prfaas-predict` on the same fleet, seed and
+time_scale.
+
+Every run is the library's `partition` scenario (its workload, SLO, seed 13) on the short
+deployment (2 PrfaaS + 1 PD-P + 3 PD-D, 100 Gbps / 20 ms / 2 ms jitter) at time_scale 1,
+byte_scale 2000, `--duration 60s`, with one fault from 20 s to 40 s (real-world):
+
+- kill: prfaas-prefill-0 SIGKILLed, restarted at the end;
+- partition: the link's proxies disabled (mode disable): the KV path and, for an external
+  router, its control path to the PrfaaS prefills;
+- bandwidth: the link drops from 100 Gbps to 5 Gbps (2.5 Gbps after the short deployment's
+  scaling by PrfaaS instances, as the chaos suite scales it).
+
+The external runs use the planner's static PD split (policy prfaas-static: an external router
+cannot follow role switches); ours run the named policy. For each run: nothing lost from the
+testbed's view (nothing_lost, kv_accounted, no_unverified_decode), SLO attainment, TTFT p90
+(client-side: through the router), failures and, for the external routers, the reaction
+figures (summary.json's router_reaction). One live run at a time; about 80-100 s of wall each.
+The report (bench/reports/real_routers.md) carries its provenance.
+
+    .venv/bin/python bench/router_faults.py [--only vllm-router:round_robin,prfaas] [--faults kill]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from testbed.config import ScaleConfig
+from testbed.config.router import ExternalRouterConfig
+from testbed.scenario.external_run import run_external
+from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.runner import run_scenario
+from testbed.scenario.schema import scenario_from_data
+from testbed.scenario.short import short_variant
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORT = ROOT / "bench" / "reports" / "real_routers.md"
+BASE = ROOT / "testbed" / "library" / "partition.yaml"
+SEED = 13
+DURATION_S = 60.0
+FAULTS: dict[str, dict[str, Any]] = {
+    "kill": {"action": "kill", "at": "20s", "for": "20s", "target": "prfaas-prefill-0"},
+    "partition": {"action": "partition", "at": "20s", "for": "20s", "mode": "disable"},
+    "bandwidth": {"action": "bandwidth", "at": "20s", "for": "20s", "bandwidth": "5Gbps"},
+}
+RUNS = [
+    "sglang-router:round_robin",
+    "sglang-router:cache_aware",
+    "vllm-router:round_robin",
+    "vllm-router:cache_aware",
+    "prfaas",
+    "prfaas-predict",
+]
+CHECKS = ("nothing_lost", "kv_accounted", "no_unverified_decode")
+
+
+async def one_run(who: str, fault: str, out: Path) -> dict[str, Any]:
+    """One cell of the matrix: `who` is PRESET:POLICY (an external router) or our policy."""
+    data = yaml.safe_load(BASE.read_text())
+    data["nemesis"] = [FAULTS[fault]]
+    data["checkers"] = []  # the built-in ones (nothing lost, KV accounted) still run
+    external = ":" in who
+    data["policy"] = {"name": "prfaas-static" if external else who, "threshold": "auto"}
+    sc = scenario_from_data(data, BASE)
+    updates: dict[str, Any] = {
+        "scale": ScaleConfig(time_scale=1, byte_scale=2000),
+        "duration": DURATION_S,
+        "seed": SEED,
+    }
+    if external:
+        preset, policy = who.split(":")
+        updates["router"] = ExternalRouterConfig(preset=preset, policy=policy)
+    sc = short_variant(sc, **updates)
+    opts = RunOptions(out_dir=out, progress=False, drain_timeout_s=120, timeline=False)
+    begun = time.perf_counter()
+    rp = prepare_run(sc, opts)
+    result = await (run_external(rp, opts) if external else run_scenario(rp, opts))
+    s = result.summary
+    checks = {c.name: c.verdict for c in result.checks}
+    reaction = s.get("router_reaction") or {}
+    (row,) = reaction.get("faults") or [None]
+    return {
+        "who": who,
+        "fault": fault,
+        "wall_s": time.perf_counter() - begun,
+        "submitted": s["requests"]["submitted"],
+        "completed": s["requests"]["completed"],
+        "failed": s["requests"]["failed"],
+        "checks": {n: checks.get(n, "absent") for n in CHECKS},
+        "slo_attainment": s["slo_attainment"],
+        "ttft_p90_s": s["ttft_s"]["p90"],
+        "prfaas_routed": s["routes"].get("prfaas", 0),
+        "retries": s["retries"],
+        "failures": s["failures"],
+        "reaction": row,
+        "orphans": sum(sum(c.values()) for c in reaction.get("orphans", {}).values()),
+        "retried_requests": reaction.get("retried_requests"),
+    }
+
+
+def _f(v: float | None, unit: str = " s") -> str:
+    return "-" if v is None else f"{v:.2f}{unit}"
+
+
+def _reasons(failures: dict[str, int]) -> str:
+    return "; ".join(f"{n} x {r[:110]}" for r, n in failures.items()) or "-"
+
+
+def render(rows: list[dict[str, Any]], prov: str) -> str:
+    lines = [
+        "# External routers under faults: the fault matrix",
+        "",
+        "Generated by `bench/router_faults.py` (issue #32 (iii)); what the runs are is in its "
+        "docstring. docs/real-routers.md explains the router-facing API and the control-path "
+        "proxies.",
+        "",
+        prov,
+        "## Per router policy and fault",
+        "",
+        "Nothing lost: `nothing_lost`, `kv_accounted`, `no_unverified_decode` all ok (every "
+        "client request ended completed or failed with the router's reason, every completed "
+        "one's KV accounted and verified). TTFT is the client's (through the router). "
+        "Reaction (external routers only, testbed.metrics.router_reaction): calls the router "
+        "sent for the cut-off instances during the 20 s fault (prefill attempts there, or "
+        "decode halves paired with them), the last one's delay after the fault started, and the "
+        "client failures during the fault with the last one's delay.",
+        "",
+        "| router policy | fault | requests | completed | failed | nothing lost | SLO "
+        "attainment | TTFT p90 | via PrfaaS | retries | orphan halves | calls during fault | "
+        "router stopped after | client failures during | last failure after | wall |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['who']} | {r['fault']} | error: {r['error']} |" + " |" * 13)
+            continue
+        lost_ok = all(v == "ok" for v in r["checks"].values())
+        x = r["reaction"] or {}
+        att = r["slo_attainment"]
+        lines.append(
+            f"| {r['who']} | {r['fault']} | {r['submitted']} | {r['completed']} | "
+            f"{r['failed']} | {'ok' if lost_ok else r['checks']} | "
+            f"{'-' if att is None else f'{att:.1%}'} | {_f(r['ttft_p90_s'])} | "
+            f"{r['prfaas_routed']} | {r['retries']} | {r['orphans'] if x else '-'} | "
+            f"{x.get('attempts_during', '-')} | {_f(x.get('stopped_after_s'))} | "
+            f"{x.get('client_failures_during', '-')} | {_f(x.get('last_failure_s'))} | "
+            f"{r['wall_s']:.0f} s |"
+        )
+    lines += ["", "## Failure reasons (as the clients got them)", ""]
+    for r in rows:
+        if r.get("failures"):
+            lines.append(f"- {r['who']}, {r['fault']}: {_reasons(r['failures'])}")
+    return "\n".join(lines) + "\n"
+
+
+def provenance(argv: list[str], load_before: tuple[float, ...]) -> str:
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True, text=True, cwd=ROOT,
+    ).stdout.strip()  # fmt: skip
+    after = os.getloadavg()
+    return (
+        f"- command: `python {' '.join(['bench/router_faults.py', *argv])}`\n"
+        f"- commit: {commit}{' (with uncommitted changes in the tree)' if dirty else ''}\n"
+        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
+        f"- machine: {os.cpu_count()} cores, shared; load average before "
+        f"{'/'.join(f'{x:.2f}' for x in load_before)}, after "
+        f"{'/'.join(f'{x:.2f}' for x in after)} (1/5/15 min)\n"
+        f"- substrate: local; the short deployment at time_scale 1, byte_scale 2000, "
+        f"duration {DURATION_S:g} s; seed {SEED}\n"
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", help="comma-separated router policies (default: all)")
+    ap.add_argument("--faults", help=f"comma-separated, of {', '.join(FAULTS)} (default: all)")
+    ap.add_argument("--out", type=Path, default=REPORT)
+    args = ap.parse_args()
+    who = args.only.split(",") if args.only else RUNS
+    faults = args.faults.split(",") if args.faults else list(FAULTS)
+    load_before = os.getloadavg()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="router-faults-") as tmp:
+        for w in who:
+            for f in faults:
+                out = Path(tmp) / f"{w.replace(':', '-')}-{f}"
+                try:
+                    row = asyncio.run(one_run(w, f, out))
+                except Exception as exc:  # one cell's failure is shown, not the bench's end
+                    row = {"who": w, "fault": f, "error": f"{type(exc).__name__}: {exc}"[:300]}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    args.out.write_text(render(rows, provenance(sys.argv[1:], load_before)))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
