@@ -192,6 +192,9 @@ def main() -> int:
     ap.add_argument("--only", help="comma-separated router policies (default: all)")
     ap.add_argument("--faults", help=f"comma-separated, of {', '.join(FAULTS)} (default: all)")
     ap.add_argument("--out", type=Path, default=REPORT)
+    ap.add_argument(
+        "--append", action="store_true", help="add these runs to --out as a section of its own"
+    )
     args = ap.parse_args()
     who = args.only.split(",") if args.only else RUNS
     faults = args.faults.split(",") if args.faults else list(FAULTS)
@@ -207,7 +210,11 @@ def main() -> int:
                     row = {"who": w, "fault": f, "error": f"{type(exc).__name__}: {exc}"[:300]}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    args.out.write_text(render(rows, provenance(sys.argv[1:], load_before)))
+    text = render(rows, provenance(sys.argv[1:], load_before))
+    if args.append and args.out.exists():  # a later batch, with its own provenance
+        body = text.split("\n", 2)[2].replace("## ", "### ")
+        text = args.out.read_text() + "\n## A later batch\n\n" + body
+    args.out.write_text(text)
     print(f"wrote {args.out}")
     return 0
 

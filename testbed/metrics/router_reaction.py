@@ -17,6 +17,9 @@ half, with its arrival and outcome) and from what its clients saw (the records):
   the `vllm` flavour, where the decode is called only after the prefill answered, its
   client-visible failures are the trace instead: `last_failure_s`).
 
+`control_path`: the address the router was given for each PrfaaS prefill (its control-path
+proxy on the link), which its error messages name.
+
 Times are on the load's clock (the nemesis' too): an attempt's `at` (set by the runner from its
 arrival on the services' clock), a fault event's `t`. The section is absent from a run without
 attempts (our own router's runs).
@@ -76,6 +79,10 @@ def router_reaction(
         if side == "prefill" and a.get("cluster") == "prfaas" and a.get("instance"):
             far.add(str(a["instance"]))
     failed = [r for r in records if r.status != "completed"]
+    proxies: dict[str, str] = {}
+    for e in history:
+        if e.kind == "control_path":
+            proxies.update(e.data.get("proxies") or {})
     faults = []
     for w in _fault_windows(history):
         if w["action"] in _PROCESS_ACTIONS:
@@ -112,6 +119,7 @@ def router_reaction(
         },
         "orphans": {s: dict(sorted(c.items())) for s, c in sorted(orphans.items())},
         "faults": faults,
+        "control_path": dict(sorted(proxies.items())),
     }
 
 
@@ -133,6 +141,12 @@ def reaction_lines(section: dict[str, Any] | None) -> list[str]:
                  f"{section['retried_requests']}")  # fmt: skip
     orphans = sum(sum(c.values()) for c in section["orphans"].values())
     lines.append(f"- orphan halves (released): {orphans} {section['orphans'] or ''}".rstrip())
+    if section.get("control_path"):
+        lines.append(
+            "- the router reached the PrfaaS prefills through the link's control path (its "
+            "errors name these addresses): "
+            + ", ".join(f"{i} = {u}" for i, u in section["control_path"].items())
+        )
     fails = section["failures"]
     lines.append(f"- client-visible failures: {sum(fails.values())}")
     lines += [f"  - {n} x {reason}" for reason, n in fails.items()]

@@ -164,6 +164,8 @@ class ExternalRun(_Run):
             self.instance_at[inst.url.removeprefix("http://")] = inst.id
         for iid, url in via.items():
             self.instance_at[url.removeprefix("http://")] = iid
+        if via:  # the router's errors name these addresses: the report maps them back
+            self.history.append(HistoryEvent(0.0, "control_path", {"proxies": via}))
         self.process = await start_router(
             self.cfg, prefills, decodes, self.opts.out_dir / "logs", via=via
         )

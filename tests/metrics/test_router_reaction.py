@@ -38,6 +38,7 @@ D0 = {"instance": "local-decode-0", "cluster": "local"}
 
 def test_the_last_call_to_a_killed_instance_and_what_the_clients_saw() -> None:
     history = [
+        HistoryEvent(0.0, "control_path", {"proxies": {"prfaas-prefill-0": "http://h:1"}}),
         _attempt(1.0, "prefill", request="r1", **P0),
         _attempt(1.0, "decode", request="r1", prefill_target="prfaas-prefill-0", **D0),
         _fault(3.0, "start", 0, "kill", "prfaas-prefill-0"),
@@ -53,7 +54,7 @@ def test_the_last_call_to_a_killed_instance_and_what_the_clients_saw() -> None:
             request="r3",
             prefill_target="prfaas-prefill-0",
             **D0,
-        ),  # fmt: skip
+        ),
         _attempt(6.0, "prefill", request="r4", **P1),
         _fault(7.0, "end", 0, "kill", "prfaas-prefill-0"),
         _attempt(8.0, "prefill", request="r5", **P0),  # back in rotation after the restart
@@ -76,8 +77,9 @@ def test_the_last_call_to_a_killed_instance_and_what_the_clients_saw() -> None:
     assert kill["window_s"] == pytest.approx(4.0)
     assert kill["client_failures_during"] == 1
     assert kill["last_failure_s"] == pytest.approx(1.4)
+    assert out["control_path"] == {"prfaas-prefill-0": "http://h:1"}
     text = "\n".join(reaction_lines(out))
-    assert "## Router reaction" in text and "| kill prfaas-prefill-0 | 3.0 s |" in text
+    assert "prfaas-prefill-0 = http://h:1" in text and "| kill prfaas-prefill-0 | 3.0 s |" in text
 
 
 def test_a_link_fault_cuts_off_every_prfaas_prefill_and_an_open_fault_runs_to_the_end() -> None:

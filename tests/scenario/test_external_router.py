@@ -21,7 +21,7 @@ from testbed.errors import UserError
 from testbed.scenario.external_router import healthy_workers, router_command, start_router
 from testbed.scenario.external_run import join_record, with_router
 from testbed.scenario.openai_load import ClientView, PromptText
-from testbed.scenario.plan import RunOptions, RunPlan, RunResult
+from testbed.scenario.plan import RunOptions, RunPlan, RunResult, prepare_run
 from testbed.scenario.schema import load_scenario, scenario_from_data
 from testbed.services.spec import InstanceInfo
 from testbed.workload.generate import RequestSpec
@@ -127,6 +127,17 @@ def test_the_scenarios_router_section_is_read() -> None:
     data["router"] = {"kind": "external", "policy": "round_robin"}
     got = scenario_from_data(data, Path(TINY))
     assert got.router == ExternalRouterConfig(policy="round_robin")
+
+
+def test_an_external_router_with_the_tc_shaper_is_refused(tmp_path: Path) -> None:
+    """Its control-path proxies would listen in the run's namespaces, out of its reach."""
+    data = yaml.safe_load(Path(TINY).read_text())
+    data["router"] = {"kind": "external"}
+    data["deployments"]["prfaas-pd"]["link"]["shaper"] = "tc"
+    opts = RunOptions(out_dir=tmp_path, progress=False)
+    rp = prepare_run(scenario_from_data(data, Path(TINY)), opts)
+    with pytest.raises(UserError, match=r"link\.shaper emulator only"):
+        external_run.ExternalRun(rp, opts)
 
 
 def test_router_option_puts_the_router_in_front_at_time_scale_1() -> None:
