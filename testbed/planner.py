@@ -338,8 +338,11 @@ def _threshold_grid(lengths: LengthDistribution, step: float) -> np.ndarray:
     lo, hi = lengths.bounds
     while _grid_size(lengths, step) > MAX_THRESHOLDS:
         step *= 2
-    grid = np.arange(math.floor(lo / step) * step, hi + step, step)
-    return np.unique(np.clip(grid, lo, hi))
+    grid = np.clip(np.arange(math.floor(lo / step) * step, hi + step, step), lo, hi)
+    # sorted already: np.unique's result without its sort (the clip repeats only the ends)
+    keep = np.ones(len(grid), dtype=bool)
+    keep[1:] = grid[1:] != grid[:-1]
+    return grid[keep]
 
 
 def plan_deployment(
