@@ -12,7 +12,7 @@ runs is reported per policy, with the load average before and after and the comm
         --trace ../shared/traces/mooncake_synthetic_trace.jsonl --duration 1100 \\
         --set workload.arrivals.load=null \\
         --policy prfaas-static --policy prfaas --policy prfaas-predict --repeat 5 \\
-        [--times 10] [--src /tmp/before] [--report bench/reports/sim_speed.md]
+        [--times 10] [--src /tmp/before] [--report bench/reports/sim_speed.md [--append]]
 
 `--times N` replays the trace N times end to end (hash ids offset per copy, so each copy meets
 the prefix cache as the first did; the duration is multiplied by N). `--src DIR` (repeatable)
@@ -151,6 +151,7 @@ def main() -> int:
     ap.add_argument("--cpu", type=int, default=1, help="core to pin the runs to (-1: none)")
     ap.add_argument("--src", type=Path, action="append", help="another checkout to run too")
     ap.add_argument("--report", type=Path, help="write the figures as markdown here")
+    ap.add_argument("--append", action="store_true", help="add a section to --report")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -182,13 +183,25 @@ def main() -> int:
         head = _provenance(args, srcs, cpu, load_before, load_after, started)
         print(head)
         if args.report is not None:
-            args.report.write_text(
-                "# The sim's speed (bench/sim_speed.py)\n\n" + head + "\n" + table
+            what = f"{Path(args.scenario).name}" + (
+                f", {trace.name if args.times == 1 else f'{args.trace.name} x{args.times}'}"
+                if trace is not None
+                else ""
+            )
+            section = (
+                f"## {what}, {args.duration * args.times:g} s\n\n"
+                + head
+                + "\n"
+                + table
                 + "\nCPU seconds of one process pinned to one core: `simulate` is the "
                 "simulation alone (process CPU around `testbed.sim.simulate`), `command` the "
                 "whole `testbed run` (start-up, imports, planning, simulation, results files). "
                 "Median of the runs, [min-max] beside it.\n"
-            )  # fmt: skip
+            )
+            if args.append and args.report.exists():
+                args.report.write_text(args.report.read_text() + "\n" + section)
+            else:
+                args.report.write_text("# The sim's speed (bench/sim_speed.py)\n\n" + section)
         if args.profile:
             profile(args, trace, policies[0])
     return 0
