@@ -14,7 +14,7 @@ the array helpers the search uses (`split_many`, `Curve.many`, `kv_bytes_many`,
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from testbed.config import DeploymentConfig
@@ -27,7 +27,12 @@ from testbed.workload.lengths import (
     split_many,
 )
 
-SETTINGS = settings(max_examples=100, deadline=None)
+SETTINGS = settings(
+    max_examples=100,
+    deadline=None,
+    # generating a deployment validates it (pydantic): slow on a loaded machine, not wrong
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 lengths_lists = st.one_of(
     st.lists(st.integers(1, 200_000), min_size=1, max_size=200),

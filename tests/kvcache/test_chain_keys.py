@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from testbed.kvcache import BLOCK_TOKENS, ChainKeys, HybridPrefixPool, chain_keys
@@ -62,7 +62,11 @@ prompts = st.lists(
 )
 
 
-@settings(max_examples=80, deadline=None)
+@settings(
+    max_examples=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(seq=prompts, capacity=st.sampled_from([300.0, 2_000.0, 1e9]), state=st.sampled_from([0, 50]))
 def test_chain_keys_answer_as_hash_ids_do(
     seq: list[tuple[int, int, int, bool, int]], capacity: float, state: int
