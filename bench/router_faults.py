@@ -200,7 +200,9 @@ def main() -> int:
     faults = args.faults.split(",") if args.faults else list(FAULTS)
     load_before = os.getloadavg()
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="router-faults-") as tmp:
+    tmp = tempfile.mkdtemp(prefix="router-faults-")  # kept: each run's results and logs
+    print(f"runs under {tmp}", flush=True)
+    if True:
         for w in who:
             for f in faults:
                 out = Path(tmp) / f"{w.replace(':', '-')}-{f}"
