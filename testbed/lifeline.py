@@ -18,12 +18,13 @@ import os
 import signal
 import sys
 
-__all__ = ["PARENT_PID_ENV", "child_env", "die_with_parent"]
+__all__ = ["PARENT_PID_ENV", "arm_death_with", "child_env", "die_with_parent", "set_name"]
 
 PARENT_PID_ENV = "TESTBED_PARENT_PID"
 """Set by the runner in a child's environment: the pid the child must outlive no longer than."""
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 
 
 def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -39,9 +40,25 @@ def die_with_parent() -> bool:
     expected = os.environ.pop(PARENT_PID_ENV, None)  # not inherited by our own children
     if expected is None or not sys.platform.startswith("linux"):
         return False
+    return arm_death_with(int(expected))
+
+
+def arm_death_with(parent: int) -> bool:
+    """Be killed when `parent`, this process's parent, dies (a child forked by the service
+    zygote arms it itself: testbed.services.zygote); True if armed."""
+    if not sys.platform.startswith("linux"):
+        return False
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
         return False
-    if os.getppid() != int(expected):  # the parent died before prctl took effect
+    if os.getppid() != parent:  # the parent died before prctl took effect
         os.kill(os.getpid(), signal.SIGKILL)
     return True
+
+
+def set_name(name: str) -> None:
+    """Name this process as `ps`, `top` and `pgrep` show it (Linux's 15-byte command name): a
+    service forked by the zygote would otherwise show as the zygote."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)

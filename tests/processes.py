@@ -22,6 +22,21 @@ def children(pid: int) -> set[int]:
     return {int(p) for p in out.split()}
 
 
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid`: its children and theirs (a run's services are children of
+    its service zygote: testbed.services.zygote)."""
+    found: set[int] = set()
+    todo = [pid]
+    for _ in range(10_000):  # bounded: a process tree is far smaller
+        if not todo:
+            break
+        for child in children(todo.pop()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
 def alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie has exited)."""
     try:

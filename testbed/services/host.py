@@ -3,11 +3,10 @@
 The parent learns the ports from one JSON line on stdout ("READY {...}"), so services can bind
 port 0 and never race each other for ports.
 
-`--warm ROLE` starts a process before its spec is known: it imports the role's modules (about a
-CPU second, most of a service's start-up) and then reads the spec as one JSON line on stdin. The
-local substrate starts a run's processes that way all at once, so a deployment's start-up waves
-(decoders, then the link, then prefills, then the router: each needs addresses from the one
-before) cost a bind each instead of an interpreter start each (testbed.substrate.local).
+The local substrate does not start this module once per service: it forks each service from
+a zygote that imported every role's app once (testbed.services.zygote), whose child runs `run`
+below, exactly what this entry point runs. Compose's containers, and anyone starting a service
+by hand, use the entry point.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from testbed.lifeline import die_with_parent
 from testbed.services.spec import ServiceSpec
 from testbed.serving import DEFAULT_LIMITS, ServingLimits, start_http
 
-__all__ = ["main", "serve"]
+__all__ = ["app_factory", "load_spec", "main", "run", "serve"]
 
 SERVICE_LIMITS = dataclasses.replace(DEFAULT_LIMITS, handler_cancellation=True)
 """The services' server limits: handler cancellation on, so a peer that closes its connection
@@ -70,7 +69,7 @@ async def serve(
     await http.close()
 
 
-def _factory(role: str) -> AppFactory:
+def app_factory(role: str) -> AppFactory:
     """The app of a role; prefill and decode pick their engine from the spec
     (services.engines)."""
     if role == "router":
@@ -101,39 +100,18 @@ def load_spec(text: str) -> ServiceSpec:
     return ServiceSpec.model_validate(raw)
 
 
-def _warm_spec(role: str) -> ServiceSpec | None:
-    """`--warm ROLE`: import the role's app now, then wait on stdin for two lines, the log file
-    to append stderr to (empty: keep it) and the spec (None: stdin closed without one, the
-    runner did not need this process)."""
-    _factory(role)
-    log = sys.stdin.readline().rstrip("\n")
-    line = sys.stdin.readline()
-    if not line.strip():
-        return None
-    if log:
-        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.dup2(fd, sys.stderr.fileno())
-        os.close(fd)
-    spec = load_spec(line)
-    if spec.role != role:
-        raise SystemExit(f"warm {role} process given a {spec.role} spec")
-    return spec
-
-
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) == 2 and args[0] == "--warm":
-        die_with_parent()  # armed before the wait: an unused warm process dies with its runner
-        warm = _warm_spec(args[1])
-        if warm is None:
-            return 0
-        spec = warm
-    elif len(args) == 1:
-        spec = load_spec(args[0])
-        die_with_parent()  # started by a runner: never outlive it (testbed.lifeline)
-    else:
-        print("usage: python -m testbed.services.host SPEC_JSON | --warm ROLE", file=sys.stderr)
+    if len(args) != 1:
+        print("usage: python -m testbed.services.host SPEC_JSON", file=sys.stderr)
         return 2
+    spec = load_spec(args[0])
+    die_with_parent()  # started by a runner: never outlive it (testbed.lifeline)
+    run(spec)
+
+
+def run(spec: ServiceSpec) -> NoReturn:
+    """Serve `spec` until SIGTERM or SIGINT, then leave (`_exit_now`)."""
     try:
         import uvloop
 
@@ -141,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         runner = asyncio.run
     with contextlib.suppress(KeyboardInterrupt):
-        runner(serve(spec, _factory(spec.role)))
+        runner(serve(spec, app_factory(spec.role)))
     _exit_now()
 
 

@@ -36,8 +36,9 @@ class Substrate(Protocol):
 
     async def warm(self, roles: list[str], link: LinkConfig | None, seed: int) -> None:
         """Get ready to start services of these roles (one each) and, with `link`, the link:
-        a substrate that can start them ahead does (local: the interpreters), others do
-        nothing. Only a speed-up: `start_service` works without it."""
+        a substrate that can start them ahead does (local: the service zygote, which imports
+        every role's app once), others do nothing. Only a speed-up: `start_service` works
+        without it."""
         ...
 
     async def start_service(self, spec: ServiceSpec) -> ServiceHandle: ...

@@ -35,14 +35,20 @@ from testbed.link.tc import WIRE_PER_PAYLOAD
 from testbed.services.spec import ServiceSpec
 from testbed.substrate.base import ServiceHandle
 from testbed.substrate.link_process import spawn_emulator, stop_emulator
+from testbed.substrate.zygote import ForkedProcess, Zygote
 
 __all__ = ["LocalService", "LocalSubstrate", "start_service", "stop_services"]
+
+
+Process = asyncio.subprocess.Process | ForkedProcess
+"""A service's process: spawned (`python -m testbed.services.host`) or forked by the run's
+zygote (testbed.substrate.zygote)."""
 
 
 @dataclass
 class LocalService:
     spec: ServiceSpec
-    proc: asyncio.subprocess.Process
+    proc: Process
     ports: dict[str, int] = field(default_factory=dict)
     log_path: Path | None = None
 
@@ -92,33 +98,20 @@ def ended(code: int | None) -> str | None:
         return f"killed by signal {-code}"
 
 
-@dataclass
-class _Warm:
-    """A service process started before its spec was known (`host --warm ROLE`)."""
-
-    role: str
-    proc: asyncio.subprocess.Process
-    log_path: Path | None
-
-
 async def start_service(
     spec: ServiceSpec,
     log_dir: Path | None,
     ready_timeout: float = 30.0,
-    warm: _Warm | None = None,
+    zygote: Zygote | None = None,
 ) -> LocalService:
-    """Spawn one service (or hand its spec to a warm process of its role) and wait for its
-    READY line."""
+    """Start one service, forked by `zygote` or else spawned as its own interpreter, and wait
+    for its READY line."""
     log_path = log_dir / f"{spec.id}.log" if log_dir is not None else None
-    if warm is not None:
-        if log_path is not None:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-        proc = warm.proc
-        assert proc.stdin is not None
-        proc.stdin.write(f"{log_path or ''}\n{spec.model_dump_json()}\n".encode())
-        with contextlib.suppress(ConnectionError):
-            await proc.stdin.drain()
-        proc.stdin.close()
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+    proc: Process
+    if zygote is not None:
+        proc = await zygote.spawn(spec.model_dump_json(), log_path)
     else:
         proc = await _spawn([spec.model_dump_json()], log_path)
     svc = LocalService(spec, proc, log_path=log_path)
@@ -128,10 +121,9 @@ async def start_service(
             while True:
                 line = await proc.stdout.readline()
                 if not line:
-                    logs = [str(p) for p in (warm and warm.log_path, log_path) if p]
                     raise UserError(
                         f"service {spec.id} exited during start-up"
-                        + (f"; see {' and '.join(logs)}" if logs else "")
+                        + (f"; see {log_path}" if log_path else "")
                     )
                 if line.startswith(b"READY "):
                     svc.ports = json.loads(line[6:])
@@ -139,15 +131,7 @@ async def start_service(
     except TimeoutError:
         await stop_services([svc])
         raise UserError(f"service {spec.id} did not start within {ready_timeout:.0f}s") from None
-    if warm is not None and warm.log_path is not None:
-        _unlink_if_empty(warm.log_path)  # what the process wrote before its spec came
     return svc
-
-
-def _unlink_if_empty(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        if path.stat().st_size == 0:
-            path.unlink()
 
 
 async def stop_services(services: list[LocalService], grace: float = 5.0) -> None:
@@ -155,7 +139,7 @@ async def stop_services(services: list[LocalService], grace: float = 5.0) -> Non
     await _stop_processes([svc.proc for svc in services], grace)
 
 
-async def _stop_processes(procs: list[asyncio.subprocess.Process], grace: float = 5.0) -> None:
+async def _stop_processes(procs: list[Process], grace: float = 5.0) -> None:
     """SIGTERM each, then SIGKILL what is still alive `grace` seconds later: one grace for
     all of them, not one after another."""
     for proc in procs:
@@ -185,39 +169,26 @@ class LocalSubstrate:
         """The link emulator this substrate started (none with `link.toxiproxy` or one DC)."""
         self.netns: NetnsLink | None = None
         """The run's namespaces and veth with `link.shaper: tc`."""
-        self._warm: list[_Warm] = []
+        self.zygote: Zygote | None = None
+        """The run's service zygote (testbed.services.zygote), started by `warm` or by the
+        first service."""
         self._emulator: asyncio.Task[tuple[asyncio.subprocess.Process, str]] | None = None
         """The link emulator started early by `warm`, taken by `start_link`."""
 
     async def warm(self, roles: list[str], link: LinkConfig | None, seed: int) -> None:
-        """Start a process for each service the run will start (by role), and the link
-        emulator if the run has one this substrate starts: their interpreters start and
-        import together instead of wave after wave (services.host `--warm`)."""
-        for n, role in enumerate(roles):
-            log_path = self.log_dir / f"warm-{n}.log" if self.log_dir is not None else None
-            proc = await _spawn(["--warm", role], log_path, stdin=asyncio.subprocess.PIPE)
-            self._warm.append(_Warm(role, proc, log_path))
+        """Start the run's service zygote, which imports every role's app once while the run
+        plans (each service is then a fork: testbed.services.zygote), and the link emulator if
+        the run has one this substrate starts."""
+        if self.zygote is None:
+            self.zygote = Zygote()
         if link is not None and link.shaper == "emulator" and link.toxiproxy is None:
             self._emulator = asyncio.create_task(spawn_emulator(seed, self.log_dir))
 
-    def _take_warm(self, spec: ServiceSpec) -> _Warm | None:
-        """A warm process for `spec`'s role that is still alive, or None."""
-        for w in self._warm:
-            if w.role == spec.role and w.proc.returncode is None:
-                self._warm.remove(w)
-                return w
-        return None
-
     async def _drop_warm(self) -> None:
-        """Unused warm processes: stdin closed, they exit; their empty logs go."""
-        warm, self._warm = self._warm, []
-        for w in warm:
-            if w.proc.stdin is not None:
-                w.proc.stdin.close()
-        await _stop_processes([w.proc for w in warm])
-        for w in warm:
-            if w.log_path is not None:
-                _unlink_if_empty(w.log_path)
+        """The zygote (once every service it forked has ended) and an emulator not taken."""
+        if self.zygote is not None:
+            zygote, self.zygote = self.zygote, None
+            await zygote.aclose()
         if self._emulator is not None:
             task, self._emulator = self._emulator, None
             with contextlib.suppress(Exception):
@@ -229,7 +200,9 @@ class LocalSubstrate:
         return ServiceHandle(svc.spec, svc.url, kv, svc)
 
     async def start_service(self, spec: ServiceSpec) -> ServiceHandle:
-        svc = await start_service(spec, self.log_dir, warm=self._take_warm(spec))
+        if self.zygote is None:
+            self.zygote = Zygote()
+        svc = await start_service(spec, self.log_dir, zygote=self.zygote)
         self.services[spec.id] = svc
         return self._handle(svc)
 

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import alive, jsonl_lines
-from tests.processes import children as child_pids
+from tests.processes import alive, descendants, jsonl_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "data" / "tiny.yaml"
@@ -67,8 +66,8 @@ def test_sigterm_and_sighup_write_everything(
 ) -> None:
     proc = _start(tmp_path)
     before = _wait_for_records(proc, tmp_path, 5)
-    children = child_pids(proc.pid)
-    assert len(children) >= 4  # the router, three workers (and the link emulator)
+    children = descendants(proc.pid)
+    assert len(children) >= 5  # the zygote, the router, three workers (and the link emulator)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err
@@ -92,8 +91,8 @@ def test_sigterm_and_sighup_write_everything(
 def test_sigkill_keeps_the_journal_and_leaves_no_process(tmp_path: Path) -> None:
     proc = _start(tmp_path)
     before = _wait_for_records(proc, tmp_path, 5)
-    children = child_pids(proc.pid)
-    assert len(children) >= 4
+    children = descendants(proc.pid)
+    assert len(children) >= 5  # the zygote, the router, three workers (and the link emulator)
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)
     assert not _wait_gone(children), "services outlived their runner"

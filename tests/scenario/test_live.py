@@ -15,6 +15,7 @@ from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.runner import _Run
 from testbed.scenario.schema import load_scenario
 from testbed.services.router.text import codec
+from tests.processes import descendants
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "data" / "tiny.yaml"
@@ -65,11 +66,10 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_recorded(tmp_path: Path) -> Non
     while time.monotonic() < deadline and not (tmp_path / "logs" / "router.log").exists():
         time.sleep(0.2)
     time.sleep(4)
-    children = subprocess.run(
-        ["pgrep", "-P", str(proc.pid), "-f", "testbed.services.host"],
-        capture_output=True,
-        text=True,
+    named = subprocess.run(
+        ["pgrep", "^testbed-(router|prefill|decode)$"], capture_output=True, text=True
     ).stdout.split()
+    children = [p for p in named if int(p) in descendants(proc.pid)]  # forked by its zygote
     assert len(children) == 4  # 1 PrfaaS + 1 PD-P + 1 PD-D + router
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)

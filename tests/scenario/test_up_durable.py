@@ -27,8 +27,7 @@ from aiohttp import web
 
 from testbed.metrics.records import RequestRecord
 from testbed.services.router.recorded import KEEPER_HEADER, RecordLog, add_record_routes
-from tests.processes import alive, jsonl_lines
-from tests.processes import children as child_pids
+from tests.processes import alive, descendants, jsonl_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "data" / "tiny.yaml"
@@ -160,8 +159,8 @@ async def _clients(base: str, n: int) -> list[str]:
 def test_sigkill_keeps_every_record_a_client_saw_end(tmp_path: Path) -> None:
     proc, base = _up(tmp_path)
     try:
-        children = child_pids(proc.pid)
-        assert len(children) >= 4  # the router, three workers (and the link emulator)
+        children = descendants(proc.pid)
+        assert len(children) >= 5  # the zygote, the router, three workers (and the link emulator)
         ids = asyncio.run(_clients(base, 8))
         os.kill(proc.pid, signal.SIGKILL)  # at once: no time to catch up after the answers
         proc.communicate(timeout=30)
@@ -199,7 +198,7 @@ def test_sigterm_and_sigint_write_every_record(tmp_path: Path, sig: signal.Signa
 
 
 def _service_pid(parent: int, banner: list[str], sid: str) -> int:
-    """The pid of the runner's child that serves `sid`: the one listening on the port of its
+    """The pid of the runner's service that serves `sid`: the one listening on the port of its
     metrics URL in the banner (`metrics SID: http://127.0.0.1:PORT/metrics`)."""
     url = next(line.split(": ", 1)[1] for line in banner if line.startswith(f"metrics {sid}:"))
     port = int(url.split(":")[2].split("/")[0])
@@ -208,7 +207,7 @@ def _service_pid(parent: int, banner: list[str], sid: str) -> int:
         cols = row.split()
         if int(cols[1].split(":")[1], 16) == port and cols[3] == "0A":  # LISTEN
             inodes.add(f"socket:[{cols[9]}]")
-    for pid in child_pids(parent):
+    for pid in descendants(parent):
         with contextlib.suppress(FileNotFoundError, PermissionError):
             for fd in Path(f"/proc/{pid}/fd").iterdir():
                 with contextlib.suppress(FileNotFoundError):
@@ -256,7 +255,7 @@ def test_a_stalled_then_killed_runner_loses_no_record_a_client_saw_end(tmp_path:
         return before, keeper, list(outcomes)
 
     try:
-        children = child_pids(proc.pid)
+        children = descendants(proc.pid)
         before, keeper, outcomes = asyncio.run(scenario())
         proc.communicate(timeout=30)
     finally:

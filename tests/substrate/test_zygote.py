@@ -1,11 +1,16 @@
-"""Warm service processes (testbed.substrate.local `warm`, services.host `--warm ROLE`): a run's
-interpreters start together, each service gets one of them when its spec is known, and what a
-run did not use leaves nothing behind."""
+"""The service zygote (testbed.services.zygote, testbed.substrate.zygote): a run's services are
+forked from one process that imported every role's app, behave as spawned ones do (ports,
+logs, signals, exit codes, restarts), and none outlives the zygote."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import socket
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from testbed.errors import UserError
@@ -15,54 +20,88 @@ from testbed.substrate.local import LocalSubstrate
 pytestmark = pytest.mark.timeout(60)
 
 
-def _spec(role: str, sid: str) -> ServiceSpec:
-    return ServiceSpec(role=role, id=sid, hardware="h20x8", time_scale=1000)
+def _spec(role: str, sid: str, **kw: object) -> ServiceSpec:
+    return ServiceSpec(role=role, id=sid, hardware="h20x8", time_scale=1000, **kw)  # type: ignore[arg-type]
 
 
-async def test_a_service_runs_in_a_warm_process_of_its_role(tmp_path: Path) -> None:
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+async def test_services_are_forked_by_one_zygote_and_serve(tmp_path: Path) -> None:
     sub = LocalSubstrate(tmp_path)
-    await sub.warm(["decode", "prefill", "prefill"], None, seed=1)
-    warm = {(w.role, w.proc.pid) for w in sub._warm}
+    await sub.warm(["decode", "prefill"], None, seed=1)
+    assert sub.zygote is not None
+    zygote = sub.zygote.proc.pid
     try:
-        decode = await sub.start_service(_spec("decode", "d0"))
-        prefill = await sub.start_service(_spec("prefill", "p0"))
-        assert ("decode", decode.ref.pid) in warm  # type: ignore[attr-defined]
-        assert ("prefill", prefill.ref.pid) in warm  # type: ignore[attr-defined]
-        assert [w.role for w in sub._warm] == ["prefill"]  # one prefill left unused
-        # a second decode: no warm decode is left, so it starts cold and still works
-        cold = await sub.start_service(_spec("decode", "d1"))
-        assert cold.ref.pid not in {pid for _role, pid in warm}  # type: ignore[attr-defined]
-        unused = sub._warm[0].proc
+        decode, prefill = await asyncio.gather(
+            sub.start_service(_spec("decode", "d0")), sub.start_service(_spec("prefill", "p0"))
+        )
+        pids = {decode.ref.pid, prefill.ref.pid}  # type: ignore[attr-defined]
+        assert {_parent(p) for p in pids} == {zygote}
+        assert all(os.getsid(p) == p for p in pids)  # each in its own session
+        async with aiohttp.ClientSession() as s:
+            for h in (decode, prefill):
+                async with s.get(f"{h.url}/metrics") as r:
+                    assert r.status == 200
     finally:
         await sub.stop_all()
-    assert unused.returncode is not None  # the unused warm process is gone
     # a service leaves with status 0 on SIGTERM (services.host skips the interpreter's teardown)
-    assert [h.ref.proc.returncode for h in (decode, prefill, cold)] == [0, 0, 0]  # type: ignore[attr-defined]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["d0.log", "d1.log", "p0.log"]
+    assert [h.ref.proc.returncode for h in (decode, prefill)] == [0, 0]  # type: ignore[attr-defined]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d0.log", "p0.log"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(zygote, 0)  # the zygote left with the run
 
 
-async def test_a_restarted_service_appends_to_its_log(tmp_path: Path) -> None:
+async def test_a_killed_service_is_reported_and_restarts_appending_to_its_log(
+    tmp_path: Path,
+) -> None:
     sub = LocalSubstrate(tmp_path)
-    await sub.warm(["decode", "decode"], None, seed=1)
     try:
-        first = await sub.start_service(_spec("decode", "d0"))
+        first = await sub.start_service(_spec("decode", "d0"))  # no warm: the zygote starts now
         (tmp_path / "d0.log").write_text("first life\n")
+        await sub.kill(first)
+        assert await sub.exited(first) == "killed by SIGKILL"
         again = await sub.restart(first)
         assert again.url == first.url  # same ports
+        assert await sub.exited(again) is None
     finally:
         await sub.stop_all()
     assert (tmp_path / "d0.log").read_text().startswith("first life\n")
 
 
-async def test_a_warm_process_given_another_roles_spec_fails_with_its_log(
-    tmp_path: Path,
-) -> None:
+async def test_a_service_that_cannot_start_fails_with_its_log(tmp_path: Path) -> None:
     sub = LocalSubstrate(tmp_path)
-    await sub.warm(["decode"], None, seed=1)
-    sub._warm[0].role = "prefill"  # hand a prefill spec to the warm decode process
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        try:
+            with pytest.raises(UserError, match=r"p0 exited during start-up; see .*p0\.log"):
+                await sub.start_service(_spec("prefill", "p0", port=port))
+        finally:
+            await sub.stop_all()
+    assert "address already in use" in (tmp_path / "p0.log").read_text().lower()
+
+
+async def test_services_die_with_their_zygote_and_are_reported_killed(tmp_path: Path) -> None:
+    sub = LocalSubstrate(tmp_path)
     try:
-        with pytest.raises(UserError, match=r"p0 exited during start-up; see .*warm-0\.log"):
-            await sub.start_service(_spec("prefill", "p0"))
+        h = await sub.start_service(_spec("decode", "d0"))
+        assert sub.zygote is not None
+        os.kill(sub.zygote.proc.pid, signal.SIGKILL)
+        code = await asyncio.wait_for(h.ref.proc.wait(), 10)  # type: ignore[attr-defined]
+        assert code == -signal.SIGKILL
+        assert await sub.exited(h) == "killed by SIGKILL"
+        for _ in range(100):  # the kernel's death signal: gone within moments
+            try:
+                os.kill(h.ref.pid, 0)  # type: ignore[attr-defined]
+            except ProcessLookupError:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail("the service outlived its zygote")
+        with pytest.raises(UserError, match="zygote"):
+            await sub.start_service(_spec("decode", "d1"))
     finally:
         await sub.stop_all()
-    assert "warm decode process given a prefill spec" in (tmp_path / "p0.log").read_text()
