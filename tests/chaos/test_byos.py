@@ -1,10 +1,12 @@
 """#16 items 4 and 6: an outside scheduler on live processes.
 
 The example scheduler (examples/least-ttft) runs every short scenario of the chaos suite in both
-of its forms, the Python plugin and the HTTP service: one form live and the other on the sim,
-alternating along the library (`FORMS`; the scenarios without faults but burst run both on the
-sim: `SIM_ONLY`), so each (scenario, form) pair runs once and the live leg pays for one run per
-faulted scenario (#31: the live runs of both forms were half of `make chaos`).
+of its forms, the Python plugin and the HTTP service, each (scenario, form) pair once: four
+live (`LIVE_FORMS`: burst, the main scenario, over HTTP; a link fault, bandwidth-drop, as a
+plugin; a prefill crash as a plugin and a decode crash over HTTP) and every other pair on the
+sim (#31: the live runs were half of `make chaos`; what a fault does to the example's decisions
+is the same program on the sim, and test_library.py runs every scenario live with the built-in
+policies).
 The live form exercises the router's side of the form (the aiohttp client, the plugin loaded
 in the router process); the sim form the blocking client and the same Decider. A scenario that
 owns the service (`policy.command`) kills, pauses and slows it mid-run: nothing is lost, and the
@@ -21,10 +23,9 @@ from typing import Any
 import pytest
 
 from testbed.scenario.plan import RunResult
-from testbed.scenario.schema import Scenario, load_scenario
+from testbed.scenario.schema import Scenario
 from tests.chaos.harness import (
     LIBRARY,
-    ROOT,
     TORCH_SCENARIOS,
     chaos_variant,
     run_sim_variant,
@@ -59,22 +60,20 @@ def with_changes(sc: Scenario, **changes: Any) -> Scenario:
 
 
 SCENARIOS = [n for n in LIBRARY if n not in TORCH_SCENARIOS]
-SIM_ONLY = frozenset(
-    n
-    for n in SCENARIOS
-    if n != "burst" and not load_scenario(ROOT / "scenarios" / f"{n}.yaml").nemesis
-)
-"""Both forms on the sim only: the scenarios without a fault for the example to route around
-(custom-profile, mooncake-trace, paper, thesis, traffic-shift: its 600 s were 30 s of wall
-time live per form), which test_library.py runs live with the built-in policies; burst, the
-main scenario, keeps a live form, and so does every scenario with faults."""
-LIVE = [n for n in SCENARIOS if n not in SIM_ONLY]
-FORMS = {name: ("plugin", "http")[i % 2] for i, name in enumerate(LIVE)}
-"""The form each scenario runs live; the other one runs on the sim (every pair runs once)."""
+LIVE_FORMS = {
+    "burst": "http",
+    "bandwidth-drop": "plugin",
+    "prefill-crash": "plugin",
+    "decode-crash": "http",
+}
+"""The pairs that run live: both forms, a link fault and both crashes (the router's side of each
+form, the aiohttp client and the plugin loaded in the router process, under a fault)."""
+LIVE = list(LIVE_FORMS)
+FORMS = LIVE_FORMS
 OTHER = {"plugin": "http", "http": "plugin"}
 PLUGIN = "least_ttft.plugin:LeastTTFT"
 SIM_PAIRS = [(n, OTHER[FORMS[n]]) for n in LIVE] + [
-    (n, form) for n in sorted(SIM_ONLY) for form in ("plugin", "http")
+    (n, form) for n in SCENARIOS if n not in LIVE_FORMS for form in ("plugin", "http")
 ]
 
 
@@ -113,7 +112,7 @@ async def test_example_scheduler_runs_the_short_scenarios_live(name: str, tmp_pa
 def test_example_scheduler_runs_the_short_scenarios_on_sim(
     name: str, form: str, tmp_path: Path
 ) -> None:
-    """The same short scenario on the sim, in the form this scenario does not run live."""
+    """The same short scenarios on the sim: every pair that does not run live."""
     sc = chaos_variant(name)
     if form == "plugin":
         result = _sim(sc, tmp_path, PLUGIN)

@@ -156,26 +156,6 @@ async def _clients(base: str, n: int) -> list[str]:
 
 
 @pytest.mark.slow
-def test_sigkill_keeps_every_record_a_client_saw_end(tmp_path: Path) -> None:
-    proc, base = _up(tmp_path)
-    try:
-        children = descendants(proc.pid)
-        assert len(children) >= 5  # the zygote, the router, three workers (and the link emulator)
-        ids = asyncio.run(_clients(base, 8))
-        os.kill(proc.pid, signal.SIGKILL)  # at once: no time to catch up after the answers
-        proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert not _wait_gone(children), "services outlived their runner"
-    records = jsonl_lines(tmp_path / "requests.jsonl")  # every line parses
-    assert len(set(ids)) == 8
-    assert set(ids) <= {str(r["id"]) for r in records}
-    assert all(r["status"] == "completed" for r in records)
-    assert not (tmp_path / "summary.json").exists()  # never half-written: absent
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_and_sigint_write_every_record(tmp_path: Path, sig: signal.Signals) -> None:
     proc, base = _up(tmp_path)
@@ -236,16 +216,18 @@ async def _stalled(router: str, tasks: list[asyncio.Task[str]]) -> dict[str, Any
 
 @pytest.mark.slow
 def test_a_stalled_then_killed_runner_loses_no_record_a_client_saw_end(tmp_path: Path) -> None:
-    """Issue 33, defect 6: with the runner stopped (SIGSTOP) the router used to release answers
-    after 2 s unjournaled, so a SIGKILL then lost records clients had seen complete (6 of 9).
-    Now the answers wait for the keeper: none completes while it is stopped, the router says
-    the keeper stalled, and every record a client saw end is in requests.jsonl."""
+    """A SIGKILL keeps every record a client saw end, the runner's services go with it and no
+    summary is half-written. Issue 33, defect 6: with the runner stopped (SIGSTOP) the router
+    used to release answers after 2 s unjournaled, so a SIGKILL then lost records clients had
+    seen complete (6 of 9). Now the answers wait for the keeper: none completes while it is
+    stopped, the router says the keeper stalled, and every record a client saw end is in
+    requests.jsonl (the ones before the stop too: killed with no time to catch up)."""
     proc, base = _up(tmp_path)
     router = base.removesuffix("/v1")
     n = 9
 
     async def scenario() -> tuple[list[str], dict[str, Any], list[str | BaseException]]:
-        before = await _clients(base, 3)  # the keeper works: these are journaled
+        before = await _clients(base, 8)  # the keeper works: these are journaled
         os.kill(proc.pid, signal.SIGSTOP)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
             tasks = [asyncio.create_task(_one(session, base, i)) for i in range(n)]
@@ -256,6 +238,7 @@ def test_a_stalled_then_killed_runner_loses_no_record_a_client_saw_end(tmp_path:
 
     try:
         children = descendants(proc.pid)
+        assert len(children) >= 5  # the zygote, the router, three workers (and the link emulator)
         before, keeper, outcomes = asyncio.run(scenario())
         proc.communicate(timeout=30)
     finally:
@@ -263,51 +246,37 @@ def test_a_stalled_then_killed_runner_loses_no_record_a_client_saw_end(tmp_path:
             os.kill(proc.pid, signal.SIGCONT)
             proc.kill()
     assert not _wait_gone(children), "services outlived their runner"
-    journaled = {str(r["id"]) for r in jsonl_lines(tmp_path / "requests.jsonl")}
+    records = jsonl_lines(tmp_path / "requests.jsonl")  # every line parses
+    journaled = {str(r["id"]) for r in records}
     seen_end = [o for o in outcomes if isinstance(o, str)]
-    assert set(before) <= journaled
+    assert len(set(before)) == 8 and set(before) <= journaled
+    assert all(r["status"] == "completed" for r in records)
+    assert not (tmp_path / "summary.json").exists()  # never half-written: absent
     assert set(seen_end) <= journaled, f"{len(set(seen_end) - journaled)} of {n} lost"
     assert keeper.get("stalled") and keeper.get("answers_held") == n  # held, and it shows
     assert not seen_end  # none ended while the keeper was stopped
     assert "keeper stalled" in (tmp_path / "logs" / "router.log").read_text()  # one line
 
 
+def _wait_line(path: Path, line: str) -> None:
+    for _ in range(150):  # up to ~30 s: the runner looks every second
+        if line in path.read_text():
+            return
+        time.sleep(0.2)
+
+
 @pytest.mark.slow
-def test_up_reports_a_worker_killed_from_outside(tmp_path: Path) -> None:
-    """Issue 33, defect 7: a worker SIGKILLed from outside is a console line at once and a note
-    in the exit report (and report.md)."""
+def test_a_stalled_runner_resumes_and_a_worker_killed_from_outside_are_reported(
+    tmp_path: Path,
+) -> None:
+    """The other side of the hold: once the stopped runner continues, it journals the held
+    records, their answers go out, and it prints that the router held answers for it. Then
+    (issue 33, defect 7) a worker SIGKILLed from outside is a console line at once and a note in
+    the exit report (and report.md). One `testbed up` for both: the suite's budget."""
     err_path = tmp_path / "stderr.txt"
     with err_path.open("w") as err:
         banner: list[str] = []
         proc, base = _up(tmp_path / "out", stderr=err, banner=banner)
-        try:
-            asyncio.run(_clients(base, 2))
-            os.kill(_service_pid(proc.pid, banner, "local-decode-0"), signal.SIGKILL)
-            line = "service local-decode-0 died (killed by SIGKILL)"
-            for _ in range(150):  # up to ~30 s: the runner looks every second
-                if line in err_path.read_text():
-                    break
-                time.sleep(0.2)
-            assert line in err_path.read_text()
-            proc.send_signal(signal.SIGTERM)
-            out, _ = proc.communicate(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    note = "service local-decode-0 dead at exit: it died (killed by SIGKILL)"
-    assert f"note: {note}" in out
-    assert note in (tmp_path / "out" / "report.md").read_text()
-
-
-@pytest.mark.slow
-def test_a_stalled_runner_that_resumes_releases_every_answer_and_says_it_stalled(
-    tmp_path: Path,
-) -> None:
-    """The other side of the hold: once the stopped runner continues, it journals the held
-    records, their answers go out, and it prints that the router held answers for it."""
-    err_path = tmp_path / "stderr.txt"
-    with err_path.open("w") as err:
-        proc, base = _up(tmp_path / "out", stderr=err)
         router = base.removesuffix("/v1")
 
         async def scenario() -> tuple[dict[str, Any], list[str]]:
@@ -321,10 +290,11 @@ def test_a_stalled_runner_that_resumes_releases_every_answer_and_says_it_stalled
         try:
             keeper, ids = asyncio.run(scenario())
             line = "this runner's journal stalled: the router held answers"
-            for _ in range(150):  # up to ~30 s: the runner looks every second
-                if line in err_path.read_text():
-                    break
-                time.sleep(0.2)
+            _wait_line(err_path, line)
+            os.kill(_service_pid(proc.pid, banner, "local-decode-0"), signal.SIGKILL)
+            died = "service local-decode-0 died (killed by SIGKILL)"
+            _wait_line(err_path, died)
+            assert died in err_path.read_text()
             proc.send_signal(signal.SIGTERM)
             out, _ = proc.communicate(timeout=120)
         finally:
@@ -336,3 +306,6 @@ def test_a_stalled_runner_that_resumes_releases_every_answer_and_says_it_stalled
     assert "note: the keeper stalled 1 time(s)" in out
     journaled = {str(r["id"]) for r in jsonl_lines(tmp_path / "out" / "requests.jsonl")}
     assert set(ids) <= journaled and len(set(ids)) == 4
+    note = "service local-decode-0 dead at exit: it died (killed by SIGKILL)"
+    assert f"note: {note}" in out
+    assert note in (tmp_path / "out" / "report.md").read_text()

@@ -54,21 +54,7 @@ def _run_name(out: Path) -> str:
     raise AssertionError("no TESTBED_RUN in .env")
 
 
-def test_sigterm_removes_the_runs_containers(images: str, tmp_path: Path) -> None:  # noqa: F811
-    from testbed.substrate.compose import leftovers
-
-    proc = _start(tmp_path)
-    _wait_for_records(proc, tmp_path, 3)
-    run = _run_name(tmp_path)
-    assert leftovers(run)["containers"]
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 143, err
-    assert json.loads((tmp_path / "summary.json").read_text())["interrupted"] is True
-    assert leftovers(run) == {"containers": [], "networks": [], "volumes": []}
-
-
-def test_sigkill_leftovers_are_reaped_by_the_next_run(
+def test_sigkill_leftovers_are_reaped_by_the_next_run_and_sigterm_removes_its_own(
     images: str,  # noqa: F811
     tmp_path: Path,
 ) -> None:
@@ -88,6 +74,12 @@ def test_sigkill_leftovers_are_reaped_by_the_next_run(
         assert leftovers(run) == {"containers": [], "networks": [], "volumes": []}
         assert live_run not in reap_orphans()
         assert leftovers(live_run)["containers"]
+        live.send_signal(signal.SIGTERM)  # and a SIGTERM removes a run's own on the way out
+        _, err = live.communicate(timeout=300)
+        assert live.returncode == 143, err
+        assert json.loads((tmp_path / "live" / "summary.json").read_text())["interrupted"] is True
+        assert leftovers(live_run) == {"containers": [], "networks": [], "volumes": []}
     finally:
-        live.send_signal(signal.SIGTERM)
-        live.communicate(timeout=300)
+        if live.poll() is None:
+            live.send_signal(signal.SIGTERM)
+            live.communicate(timeout=300)
