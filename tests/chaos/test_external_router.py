@@ -88,6 +88,7 @@ async def test_the_router_routes_the_fleet_through_a_prefill_kill(
     (kill,) = reaction["faults"]
     assert kill["action"] == "kill" and kill["instances"] == ["prfaas-prefill-0"]
     assert reaction["attempts"]["prefill"] and reaction["attempts"]["decode"]
+    assert set(reaction["control_path"]) == {"prfaas-prefill-0", "prfaas-prefill-1"}
     assert sum(reaction["failures"].values()) == summary["requests"]["failed"]
     assert "## Router reaction" in (tmp_path / "out" / "report.md").read_text()
     retried = [r for r in records if r["retries"] > 0]
