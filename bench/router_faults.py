@@ -116,7 +116,7 @@ def _f(v: float | None, unit: str = " s") -> str:
 
 
 def _reasons(failures: dict[str, int]) -> str:
-    return "; ".join(f"{n} x {r[:110]}" for r, n in failures.items()) or "-"
+    return "; ".join(f"{n} x {r[:300]}" for r, n in failures.items()) or "-"
 
 
 def render(rows: list[dict[str, Any]], prov: str) -> str:
