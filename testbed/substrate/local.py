@@ -180,9 +180,12 @@ class LocalSubstrate:
         plans (each service is then a fork: testbed.services.zygote), and the link emulator if
         the run has one this substrate starts."""
         if self.zygote is None:
-            self.zygote = Zygote()
+            self.zygote = Zygote(self._zygote_log())
         if link is not None and link.shaper == "emulator" and link.toxiproxy is None:
             self._emulator = asyncio.create_task(spawn_emulator(seed, self.log_dir))
+
+    def _zygote_log(self) -> Path | None:
+        return self.log_dir / "zygote.log" if self.log_dir is not None else None
 
     async def _drop_warm(self) -> None:
         """The zygote (once every service it forked has ended) and an emulator not taken."""
@@ -201,7 +204,7 @@ class LocalSubstrate:
 
     async def start_service(self, spec: ServiceSpec) -> ServiceHandle:
         if self.zygote is None:
-            self.zygote = Zygote()
+            self.zygote = Zygote(self._zygote_log())
         svc = await start_service(spec, self.log_dir, zygote=self.zygote)
         self.services[spec.id] = svc
         return self._handle(svc)

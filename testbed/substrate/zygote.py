@@ -66,17 +66,26 @@ class ForkedProcess:
 class Zygote:
     """One zygote process and the services it forked."""
 
-    def __init__(self) -> None:
+    def __init__(self, log_path: Path | None = None) -> None:
+        """`log_path`: where the zygote's own stderr goes (an import error, say); removed at
+        `aclose` if nothing was written."""
+        self.log_path = log_path
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = child_env({**os.environ, "PYTHONUNBUFFERED": "1"})  # dies with us: lifeline
+        err: Any = subprocess.DEVNULL
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            err = log_path.open("ab")
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "testbed.services.zygote"],
-                stdin=theirs.fileno(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                stdin=theirs.fileno(), stdout=subprocess.DEVNULL, stderr=err,
                 env=env, start_new_session=True,
             )  # fmt: skip
         finally:
             theirs.close()
+            if log_path is not None:
+                err.close()
         ours.setblocking(False)
         self.sock = ours
         self._refs = 0
@@ -98,7 +107,8 @@ class Zygote:
         except (OSError, ValueError) as exc:
             self.gone = f"zygote: {exc}"
         finally:
-            self.gone = self.gone or f"the service zygote exited (code {self.proc.poll()})"
+            why = f"the service zygote exited (code {self.proc.poll()})"
+            self.gone = self.gone or why + (f"; see {self.log_path}" if self.log_path else "")
             for fut in self._asked.values():
                 if not fut.done():
                     fut.set_exception(UserError(self.gone))
@@ -167,3 +177,7 @@ class Zygote:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
             await asyncio.to_thread(self.proc.wait)
+        if self.log_path is not None:
+            with contextlib.suppress(OSError):
+                if self.log_path.stat().st_size == 0:
+                    self.log_path.unlink()
