@@ -19,7 +19,6 @@ import asyncio
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ from typing import Any
 
 import aiohttp
 import yaml
+from provenance import provenance  # bench/provenance.py: the script's directory is on sys.path
 
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.runner import _Run
@@ -142,26 +142,6 @@ async def one_run() -> dict[str, Any]:
     }
 
 
-def provenance(argv: list[str], load_before: tuple[float, ...]) -> str:
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        capture_output=True, text=True, cwd=ROOT,
-    ).stdout.strip()  # fmt: skip
-    after = os.getloadavg()
-    return (
-        f"- command: `python {' '.join(['bench/long_prompts.py', *argv])}`\n"
-        f"- commit: {commit}{' (with uncommitted changes)' if dirty else ''}\n"
-        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
-        f"- machine: {os.cpu_count()} cores; load average before {load_before[0]:.2f}, "
-        f"after {after[0]:.2f}\n"
-        f"- substrate: local, tests/data/tiny.yaml at time_scale 1, {N_BIG} prompts of "
-        f"{BIG_CHARS:,} characters\n"
-    )
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3, help="runs (default 3)")
@@ -182,7 +162,13 @@ def main() -> int:
     if args.report is not None:
         args.report.write_text(
             "# Long text prompts against the router (bench/long_prompts.py)\n\n"
-            + provenance(sys.argv[1:], load_before)
+            + provenance(
+                "bench/long_prompts.py",
+                sys.argv[1:],
+                load_before,
+                f"local, tests/data/tiny.yaml at time_scale 1, {N_BIG} prompts of "
+                f"{BIG_CHARS:,} characters",
+            )
             + "\nTargets (issue #33): another client's stream gap and `/v1/models` at most "
             "100 ms during the burst, the router's RSS back within 100 MiB of its start 10 s "
             "after. The stream's own token interval is about 62 ms.\n\n" + table

@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from provenance import provenance  # bench/provenance.py: the script's directory is on sys.path
 
 from testbed.config import ScaleConfig
 from testbed.config.router import ExternalRouterConfig
@@ -166,24 +166,10 @@ def render(rows: list[dict[str, Any]], prov: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def provenance(argv: list[str], load_before: tuple[float, ...]) -> str:
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        capture_output=True, text=True, cwd=ROOT,
-    ).stdout.strip()  # fmt: skip
-    after = os.getloadavg()
+def setup_line() -> str:
     return (
-        f"- command: `python {' '.join(['bench/router_faults.py', *argv])}`\n"
-        f"- commit: {commit}{' (with uncommitted changes in the tree)' if dirty else ''}\n"
-        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
-        f"- machine: {os.cpu_count()} cores, shared; load average before "
-        f"{'/'.join(f'{x:.2f}' for x in load_before)}, after "
-        f"{'/'.join(f'{x:.2f}' for x in after)} (1/5/15 min)\n"
-        f"- substrate: local; the short deployment at time_scale 1, byte_scale 2000, "
-        f"duration {DURATION_S:g} s; seed {SEED}\n"
+        f"local; the short deployment at time_scale 1, byte_scale 2000, "
+        f"duration {DURATION_S:g} s; seed {SEED}"
     )
 
 
@@ -212,7 +198,9 @@ def main() -> int:
                     row = {"who": w, "fault": f, "error": f"{type(exc).__name__}: {exc}"[:300]}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    text = render(rows, provenance(sys.argv[1:], load_before))
+    text = render(
+        rows, provenance("bench/router_faults.py", sys.argv[1:], load_before, setup_line())
+    )
     if args.append and args.out.exists():  # a later batch, with its own provenance
         body = text.split("\n", 2)[2].replace("## ", "### ")
         text = args.out.read_text() + "\n## A later batch\n\n" + body

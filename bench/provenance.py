@@ -1,0 +1,34 @@
+"""The provenance header a bench report starts with: command, commit, date, machine (cores, load
+average before and after), substrate and seeds (issue #37: no figure without where it came
+from). One function for every script that writes one, so the headers read alike."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def provenance(script: str, argv: list[str], load_before: tuple[float, ...], setup: str) -> str:
+    """The header's lines (markdown list items); `setup`: the substrate, deployment, scale and
+    seeds the figures came from, as one sentence."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True, text=True, cwd=ROOT,
+    ).stdout.strip()  # fmt: skip
+    after = os.getloadavg()
+    return (
+        f"- command: `python {' '.join([script, *argv])}`\n"
+        f"- commit: {commit}{' (with uncommitted changes in the tree)' if dirty else ''}\n"
+        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
+        f"- machine: {os.cpu_count()} cores; load average before "
+        f"{'/'.join(f'{x:.2f}' for x in load_before)}, after "
+        f"{'/'.join(f'{x:.2f}' for x in after)} (1/5/15 min)\n"
+        f"- substrate: {setup}\n"
+    )
