@@ -114,6 +114,7 @@ def serve(sock: socket.socket) -> None:
                 return
             if not data:
                 return
+            ref = None
             try:
                 doc = json.loads(data)
                 ref = doc["ref"]
@@ -122,7 +123,7 @@ def serve(sock: socket.socket) -> None:
             except (ValueError, KeyError, TypeError) as exc:
                 for fd in fds:
                     os.close(fd)
-                _send(sock, {"ref": None, "error": f"bad request: {exc}"})
+                _send(sock, {"ref": ref, "error": f"bad request: {exc}"})  # its asker fails
                 continue
             try:
                 pid = os.fork()
