@@ -9,13 +9,34 @@ line on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
+import sys
 from collections.abc import Sequence
 
 from testbed import __version__
 from testbed.cli.dispatch import dispatch
 
+COMMANDS: dict[str, str] = {
+    "plan": "plan",
+    "run": "run",
+    "scenarios": "run",
+    "up": "up",
+    "link": "link",
+    "verify-model": "verify",
+    "profile": "profile",
+    "sweep": "sweep",
+    "hindsight": "hindsight",
+    "scorecard": "scorecard",
+    "policy-vectors": "policy_vectors",
+}
+"""Each subcommand and the module of this package that adds it, in `--help`'s order. A command
+line naming one imports only its module: a sim run then never loads what `up` or the live
+runner need (aiohttp, the services), a third of its start-up."""
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or, given the command line, one holding only the subcommand it names
+    (with the full one when it names none: `--help`, a typo)."""
     parser = argparse.ArgumentParser(
         prog="testbed",
         description="Live emulation testbed for cross-datacenter prefill/decode LLM serving.",
@@ -23,32 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-
-    from testbed.cli import (
-        hindsight,
-        link,
-        plan,
-        policy_vectors,
-        profile,
-        run,
-        scorecard,
-        sweep,
-        up,
-        verify,
-    )
-
-    plan.add_parser(sub)
-    run.add_parser(sub)
-    up.add_parser(sub)
-    link.add_parser(sub)
-    verify.add_parser(sub)
-    profile.add_parser(sub)
-    sweep.add_parser(sub)
-    hindsight.add_parser(sub)
-    scorecard.add_parser(sub)
-    policy_vectors.add_parser(sub)
+    modules = list(dict.fromkeys(COMMANDS.values()))
+    named = next((a for a in argv or () if not a.startswith("-")), None)
+    if named in COMMANDS:
+        modules = [COMMANDS[named]]
+    for name in modules:
+        importlib.import_module(f"testbed.cli.{name}").add_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return dispatch(build_parser().parse_args(argv))
+    args = list(sys.argv[1:] if argv is None else argv)
+    return dispatch(build_parser(args).parse_args(args))

@@ -21,7 +21,6 @@ from testbed.metrics.bench import DEFAULT_PERCENTILES, parse_percentiles
 from testbed.metrics.summary import to_text
 from testbed.scenario.library import LIBRARY_DIR, library_scenarios, resolve_scenario
 from testbed.scenario.plan import RunOptions, RunPlan, RunResult, prepare_run
-from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import load_scenario
 from testbed.scenario.sweep import parse_setting, scenario_with_settings
 from testbed.substrate import SUBSTRATES
@@ -153,6 +152,8 @@ def _run(args: argparse.Namespace) -> int:
 
             result = asyncio.run(run_external(rp, opts, display))
         else:
+            from testbed.scenario.runner import run_scenario  # aiohttp: live runs only
+
             result = asyncio.run(run_scenario(rp, opts, display))
     finally:
         if display is not None:

@@ -8,9 +8,12 @@ load the Docker SDK.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from testbed.errors import UserError
-from testbed.substrate.base import Substrate
+
+if TYPE_CHECKING:  # the base pulls in the link's client (aiohttp): a sim run never needs it
+    from testbed.substrate.base import Substrate
 
 __all__ = ["SUBSTRATES", "make_substrate"]
 
