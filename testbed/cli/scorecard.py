@@ -1,11 +1,14 @@
-"""`testbed scorecard --policy SPEC`: a policy against its baselines over the scenario library.
+"""`testbed scorecard --policy SPEC`: a policy against its baselines over the scenario library;
+`testbed scorecard --router PRESET[:POLICY]`: an external router against our policies.
 
 Runs every library scenario (or `--scenarios`) for the policy and each baseline with the same
 seeds (testbed.scenario.scorecard) and writes scorecard.md, scorecard.json and scorecard.png to
 `--out` (default results/scorecard-POLICY/); one line per finished run on stderr, the overall
-line and the wall time on stdout. Exit 0, or 1 when a scenario is not judged (the policy's
-fallback decided more than `--min-policy-share` allows there; a line names each), 2 for a
-usage error.
+line and the wall time on stdout. With `--router` instead of `--policy`, the router is the row
+under test, live on the local substrate at time_scale 1 over at most four scenarios by default
+(testbed.scenario.scorecard_router), the expected wall time printed before the first run.
+Exit 0, or 1 when a scenario is not judged (the policy's fallback decided more than
+`--min-policy-share` allows there; a line names each), 2 for a usage error.
 """
 
 from __future__ import annotations
@@ -14,15 +17,23 @@ import argparse
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from testbed.checkers.policy_share import DEFAULT_MIN_SHARE
 from testbed.cli.hindsight import int_list
-from testbed.cli.run import add_max_requests
+from testbed.cli.run import _positive_duration, add_max_requests
+from testbed.errors import UserError
 from testbed.metrics.scorecard import not_judged, overall_text, write_scorecard
 from testbed.metrics.verdict import NOT_JUDGED
 from testbed.scenario.scorecard import DEFAULT_BASELINES, SCORECARD_SUBSTRATES, run_scorecard
+from testbed.scenario.scorecard_router import (
+    DEFAULT_DURATION_S,
+    ROUTER_BASELINES,
+    ROUTER_SCENARIOS,
+    run_router_scorecard,
+)
 
 
 def _names(text: str) -> list[str]:
@@ -34,27 +45,33 @@ def _names(text: str) -> list[str]:
 
 def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", args.policy).strip("_") or "policy"
+    what = args.router or args.policy
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", what).strip("_") or "policy"
     out = Path(args.out) if args.out else Path("results") / f"scorecard-{slug}"
 
     def log(line: str) -> None:
         if not args.quiet or not line.startswith("["):
             print(line, file=sys.stderr, flush=True)
 
-    card = run_scorecard(
-        args.policy,
-        baselines=args.baseline,
-        substrate=args.substrate,
-        scenarios=args.scenarios,
-        seeds=args.seeds,
-        hindsight=args.hindsight,
-        jobs=args.jobs,
-        out=out,
-        log=log,
-        cache=None if args.no_cache else Path(args.cache),
-        min_policy_share=args.min_policy_share,
-        max_requests=args.max_requests,
-    )
+    if args.router:
+        card = _router_card(args, out, log)
+    else:
+        if args.duration is not None:
+            raise UserError("--duration: only with --router (a policy's scenarios keep theirs)")
+        card = run_scorecard(
+            args.policy,
+            baselines=args.baseline or list(DEFAULT_BASELINES),
+            substrate=args.substrate or "sim",
+            scenarios=args.scenarios,
+            seeds=args.seeds or [1, 2, 3],
+            hindsight=args.hindsight,
+            jobs=args.jobs,
+            out=out,
+            log=log,
+            cache=None if args.no_cache else Path(args.cache),
+            min_policy_share=args.min_policy_share,
+            max_requests=args.max_requests,
+        )
     write_scorecard(card, out)
     for name, why in card["skipped"].items():
         print(f"skipped {name}: {why}")
@@ -73,6 +90,24 @@ def _run(args: argparse.Namespace) -> int:
     return 1 if unjudged else 0
 
 
+def _router_card(args: argparse.Namespace, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """`--router`: the external router's scorecard (testbed.scenario.scorecard_router)."""
+    if args.hindsight:
+        raise UserError("--hindsight runs on the sim substrate only; --router runs live")
+    return run_router_scorecard(
+        args.router,
+        baselines=args.baseline or list(ROUTER_BASELINES),
+        substrate=args.substrate or "local",
+        scenarios=args.scenarios,
+        seeds=args.seeds or [1],
+        duration_s=args.duration or DEFAULT_DURATION_S,
+        out=out,
+        log=log,
+        min_policy_share=args.min_policy_share,
+        max_requests=args.max_requests,
+    )
+
+
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "scorecard",
@@ -81,27 +116,49 @@ def add_parser(sub: Any) -> None:
         "baseline with the same seeds, and write scorecard.md, scorecard.json and "
         "scorecard.png: per scenario checker verdicts, goodput at the SLO, SLO attainment, "
         "TTFT p50/p90/p99, failures and cross-DC bytes against the baselines, the best fixed "
-        "threshold in hindsight (sim), and one overall line.",
+        "threshold in hindsight (sim), and one overall line. With --router instead of "
+        "--policy, an external router is scored against our policies, live (docs/scorecard.md).",
     )
-    p.add_argument(
+    who = p.add_mutually_exclusive_group(required=True)
+    who.add_argument(
         "--policy",
-        required=True,
         metavar="SPEC",
         help="what `testbed run --policy` takes: a built-in name, module:Class, an entry point",
+    )
+    who.add_argument(
+        "--router",
+        metavar="PRESET[:POLICY]",
+        help="score an external router instead, e.g. vllm-router or sglang-router:round_robin: "
+        f"live on the local substrate at time_scale 1, {len(ROUTER_SCENARIOS)} scenarios "
+        f"({','.join(ROUTER_SCENARIOS)}) of {DEFAULT_DURATION_S:g} s by default, one seed; "
+        "prints the expected wall time first (needs pip install -e '.[routers]')",
     )
     p.add_argument(
         "--baseline",
         type=_names,
-        default=list(DEFAULT_BASELINES),
         metavar="LIST",
         help=f"policies to compare against (default {','.join(DEFAULT_BASELINES)})",
     )
-    p.add_argument("--substrate", default="sim", choices=list(SCORECARD_SUBSTRATES))
     p.add_argument(
-        "--scenarios", type=_names, metavar="LIST", help="library names or files (default: all)"
+        "--substrate",
+        choices=list(SCORECARD_SUBSTRATES),
+        help="where the runs go (default: sim; local with --router, which runs nowhere else)",
     )
     p.add_argument(
-        "--seeds", type=int_list, default=[1, 2, 3], metavar="LIST", help="default 1,2,3"
+        "--scenarios",
+        type=_names,
+        metavar="LIST",
+        help="library names or files (default: all; with --router the four above)",
+    )
+    p.add_argument(
+        "--seeds", type=int_list, metavar="LIST", help="default 1,2,3 (with --router: 1)"
+    )
+    p.add_argument(
+        "--duration",
+        type=_positive_duration,
+        metavar="DURATION",
+        help=f"with --router: real-world (= wall) time of arrivals per run (default "
+        f"{DEFAULT_DURATION_S:g}s); each scenario's faults are scaled into it",
     )
     p.add_argument(
         "--hindsight",

@@ -307,6 +307,7 @@ def scorecard_markdown(card: Mapping[str, Any]) -> str:
         f"(P90 TTFT over the fault window, {TTFT_TIE:.0%}; goodput, {GOODPUT_TIE:.0%}). The "
         "checkers either side fails (gates) are shown beside each verdict.",
         "",
+        *([f"External router: {card['router']['setup']}.", ""] if card.get("router") else []),
         "## Overall",
         "",
         *(f"- {line}" for line in _overall_lines(card)),
@@ -321,7 +322,9 @@ def scorecard_markdown(card: Mapping[str, Any]) -> str:
         if sc.get("note"):
             lines += [sc["note"], ""]
         share = sc.get("policy_share")
-        if share is not None and share.get("share") is not None:
+        if share is not None and share.get("by") == "router":  # testbed.scenario.scorecard_router
+            lines += [f"Decided by {who}: all {share['policy']} routes (our policy none).", ""]
+        elif share is not None and share.get("share") is not None:
             kinds = ", ".join(f"{k} {v}" for k, v in share["reasons"].items())
             lines += [
                 f"Decided by {who}: {share['policy']} of {share['policy'] + share['fallback']} "

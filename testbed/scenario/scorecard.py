@@ -20,6 +20,7 @@ The policy spec is passed through as `testbed run --policy` takes it (a built-in
 `module:Class`, an entry point), resolved once before any run: a spec that cannot load stops
 the scorecard with one line. A scenario the substrate refuses for a policy (the real model on
 the sim, a policy for another kind of deployment) is skipped and named with the reason.
+`testbed scorecard --router` (testbed.scenario.scorecard_router) runs its live rows here too.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +60,14 @@ from testbed.scenario.sweep import Cell, cell_scenario, run_grid
 __all__ = [
     "DEFAULT_BASELINES",
     "SCORECARD_SUBSTRATES",
+    "Entry",
     "ScoreCell",
+    "build_card",
+    "check_seeds",
+    "cpu_seconds",
+    "run_local",
     "run_scorecard",
+    "scenario_objective",
 ]
 
 DEFAULT_BASELINES = ("prfaas", "prfaas-static")
@@ -97,13 +104,17 @@ def run_score_cell(cell: Cell) -> dict[str, Any]:
     return row
 
 
-def _objective(sc: Scenario) -> Objective:
+def scenario_objective(sc: Scenario) -> Objective:
     """The scenario's own objective: P90 TTFT over its faults when it has any, else goodput."""
     return "ttft-p90-fault" if sc.nemesis else "goodput"
 
 
 @dataclass
-class _Entry:
+class Entry:
+    """One scenario of a scorecard: the scenario its rows run (live: its short version), and
+    for a row label that runs another scenario (an external router in front: the router
+    scorecard, testbed.scenario.scorecard_router) that scenario and the policy it runs with."""
+
     name: str
     path: Path
     scenario: Scenario
@@ -111,6 +122,7 @@ class _Entry:
     requests: int
     hindsight: HindsightPlan | None = None
     note: str | None = None
+    variants: dict[str, tuple[Scenario, str]] = field(default_factory=dict)
 
 
 def _scenario_paths(names: Sequence[str] | None) -> list[Path]:
@@ -141,18 +153,13 @@ def run_scorecard(
     every seed) is not judged (testbed.metrics.verdict). `max_requests` caps the requests each
     run plans (None: the default cap; a scenario over it is skipped with the reason)."""
     started = time.perf_counter()
-    cpu0 = _cpu_s()
+    cpu0 = cpu_seconds()
     say = log or (lambda _line: None)
     if substrate not in SCORECARD_SUBSTRATES:
         raise UserError(
             f"scorecard substrate {substrate!r}: use one of {', '.join(SCORECARD_SUBSTRATES)}"
         )
-    if not seeds:
-        raise UserError("a scorecard needs at least one seed")
-    if not 0 <= min_policy_share <= 1:
-        raise UserError(f"--min-policy-share: a fraction from 0 to 1, got {min_policy_share:g}")
-    if len(set(seeds)) != len(seeds):
-        raise UserError("--seeds: a seed given twice")
+    check_seeds(seeds, min_policy_share)
     for spec in (policy, *baselines):
         get_policy(spec)  # a spec that cannot load: one line, before any run
     bases = [b for b in dict.fromkeys(baselines) if b != policy]
@@ -161,7 +168,7 @@ def run_scorecard(
     if use_hindsight and substrate != "sim":
         raise UserError("--hindsight runs on the sim substrate only (it sweeps a whole grid)")
     skipped: dict[str, str] = {}
-    entries: list[_Entry] = []
+    entries: list[Entry] = []
     for path in _scenario_paths(scenarios):
         sc = load_scenario(path)
         if substrate == "local":
@@ -178,7 +185,7 @@ def run_scorecard(
             skipped[path.stem] = f"{spec}: {exc}"
             say(f"scorecard: skip {path.stem}: {spec}: {exc}")
             continue
-        entry = _Entry(path.stem, path, sc, _objective(sc), n_requests)
+        entry = Entry(path.stem, path, sc, scenario_objective(sc), n_requests)
         if use_hindsight:
             try:
                 entry.hindsight = plan_hindsight(
@@ -192,15 +199,25 @@ def run_scorecard(
     if substrate == "sim":
         rows, cached = _run_sim(entries, specs, seeds, jobs, say, cache, max_requests)
     else:
-        rows, cached = _run_local(entries, specs, seeds, out, say, max_requests), 0
-    card = _card(policy, bases, substrate, seeds, entries, rows, skipped, min_policy_share)
+        rows, cached = run_local(entries, specs, seeds, out, say, max_requests), 0
+    card = build_card(policy, bases, substrate, seeds, entries, rows, skipped, min_policy_share)
     card["cached_runs"] = cached
     card["wall_s"] = time.perf_counter() - started
-    card["cpu_s"] = _cpu_s() - cpu0
+    card["cpu_s"] = cpu_seconds() - cpu0
     return card
 
 
-def _cpu_s() -> float:
+def check_seeds(seeds: Sequence[int], min_policy_share: float) -> None:
+    """The seeds and the share bound every scorecard takes, or one line (UserError)."""
+    if not seeds:
+        raise UserError("a scorecard needs at least one seed")
+    if not 0 <= min_policy_share <= 1:
+        raise UserError(f"--min-policy-share: a fraction from 0 to 1, got {min_policy_share:g}")
+    if len(set(seeds)) != len(seeds):
+        raise UserError("--seeds: a seed given twice")
+
+
+def cpu_seconds() -> float:
     """CPU seconds of this process and its finished children (the pool's workers): what the
     runs cost whatever else shares the cores, next to the wall time they took."""
     import resource
@@ -247,7 +264,7 @@ def cache_key(cell: ScoreCell) -> str | None:
 
 
 def _run_sim(
-    entries: Sequence[_Entry],
+    entries: Sequence[Entry],
     specs: Sequence[str],
     seeds: Sequence[int],
     jobs: int | None,
@@ -330,15 +347,18 @@ def _run_sim(
     return rows + ran, len(rows)
 
 
-def _run_local(
-    entries: Sequence[_Entry],
+def run_local(
+    entries: Sequence[Entry],
     specs: Sequence[str],
     seeds: Sequence[int],
     out: Path | None,
     say: Callable[[str], None],
     max_requests: int | None = None,
+    drain_timeout_s: float = 60.0,
 ) -> list[dict[str, Any]]:
-    """Live short runs, one at a time (each writes its own results under out/runs/)."""
+    """Live short runs, one at a time (each writes its own results under out/runs/). A label
+    with a variant (`Entry.variants`) runs that scenario with its policy, with the external
+    router in front when the scenario has one (testbed.scenario.external_run)."""
     from testbed.checkers.result import CheckResult
     from testbed.scenario.runner import run_scenario
 
@@ -347,18 +367,24 @@ def _run_local(
     total = len(entries) * len(specs) * len(seeds)
     for e in entries:
         for spec in specs:
+            sc, policy = e.variants.get(spec, (e.scenario, spec))
             for seed in seeds:
                 run_dir = base / f"{e.name}-{spec.replace(':', '_').replace('/', '_')}-{seed}"
                 opts = RunOptions(
                     out_dir=run_dir,
                     progress=False,
-                    policy=spec,
+                    policy=policy,
                     seed=seed,
-                    drain_timeout_s=60,
+                    drain_timeout_s=drain_timeout_s,
                     max_requests=max_requests,
                 )
-                rp = prepare_run(e.scenario, opts)
-                result = asyncio.run(run_scenario(rp, opts))
+                rp = prepare_run(sc, opts)
+                if sc.router is not None:
+                    from testbed.scenario.external_run import run_external
+
+                    result = asyncio.run(run_external(rp, opts))
+                else:
+                    result = asyncio.run(run_scenario(rp, opts))
                 checks: list[CheckResult] = list(result.checks)
                 row = plan_row(rp, result.records, result.history, checks)
                 row.update(
@@ -383,12 +409,12 @@ def _run_local(
     return rows
 
 
-def _card(
+def build_card(
     policy: str,
     bases: Sequence[str],
     substrate: str,
     seeds: Sequence[int],
-    entries: Sequence[_Entry],
+    entries: Sequence[Entry],
     rows: Sequence[dict[str, Any]],
     skipped: dict[str, str],
     min_share: float = DEFAULT_MIN_SHARE,
@@ -466,11 +492,3 @@ def _card(
         "overall": overall,
         "rows": list(rows),
     }
-
-
-def main_line(card: dict[str, Any]) -> str:
-    """What the command prints last: where the files are and the wall time."""
-    return (
-        f"scorecard: {len(card['scenarios'])} scenarios, {len(card['skipped'])} skipped, "
-        f"{card['runs']} runs, {card['wall_s']:.1f}s wall"
-    )
