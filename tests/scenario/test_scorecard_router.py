@@ -1,8 +1,7 @@
 """`testbed scorecard --router` (testbed.scenario.scorecard_router): argument checks, the
 scenarios it picks and how it cuts them, the expected wall time, and the card it assembles
-(its live runs replaced by made-up rows: no process starts here). The live path is the local
-scorecard's (`run_local`), run by tests/scenario/test_scorecard.py, with the external run of
-tests/chaos/test_external_router.py."""
+(its live runs replaced by made-up rows: no process starts there); and one cheap live run of
+the whole path (marked chaos and routers: 2 runs of 8 s, about 45 s of wall)."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from testbed.cli import main
 from testbed.errors import UserError
@@ -159,11 +159,16 @@ def test_bad_router_arguments_are_one_line_before_any_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     ran: list[Any] = []
-    monkeypatch.setattr(sr, "run_local", lambda *a: ran.append(a) or [])
+
+    def no_run(*args: Any) -> list[dict[str, Any]]:
+        ran.append(args)
+        return []
+
+    monkeypatch.setattr(sr, "run_local", no_run)
     out = tmp_path / "out"
     assert main(["scorecard", *argv, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert needle in err[-1] and err[-1].count("\n") == 0
+    assert needle in err[-1]  # the error, one line (a skipped scenario says so above it)
     assert not ran and not out.exists()
 
 
@@ -180,3 +185,56 @@ def test_policy_or_router_exactly_one(capsys: pytest.CaptureFixture[str]) -> Non
 def test_run_router_scorecard_refuses_other_substrates() -> None:
     with pytest.raises(UserError, match="local substrate only"):
         sr.run_router_scorecard("vllm-router", substrate="compose")
+
+
+TINY = {
+    "name": "router-scorecard-tiny",
+    "seed": 5,
+    "duration": "10s",
+    "scale": {"time_scale": 1, "byte_scale": 2000},
+    "deployments": {
+        "prfaas-pd": {
+            "kind": "prfaas-pd",
+            "prfaas": {"hardware": "h200x8", "instances": 2},
+            "local": {"hardware": "h20x8", "instances": 4, "prefill": 1, "decode": 3},
+            "link": {"bandwidth": "100Gbps", "rtt": "10ms", "connections": 2},
+        }
+    },
+    "workload": {
+        "lengths": {"kind": "lognormal", "mu": 6.5, "sigma": 0.8, "min": 128, "max": "2K"},
+        "output_tokens": 16,
+        "arrivals": {"process": "uniform", "rate": 2.0},
+    },
+    "policy": {"name": "prfaas-static", "threshold": "1K"},
+    "nemesis": [{"action": "kill", "at": "4s", "for": "4s", "target": "prfaas-prefill-0"}],
+}
+
+
+@pytest.mark.chaos
+@pytest.mark.routers  # the `routers` extra (make test installs it)
+@pytest.mark.timeout(150)
+def test_one_router_scenario_live(tmp_path: Path) -> None:
+    """The whole path once, live: vllm-router and prfaas-static on the same short fleet at
+    time_scale 1, 8 s of small requests with a prefill kill scaled into them (2 runs)."""
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(TINY))
+    lines: list[str] = []
+    card = sr.run_router_scorecard(
+        "vllm-router:round_robin",
+        baselines=["prfaas-static"],
+        scenarios=[str(path)],
+        duration_s=8.0,
+        out=tmp_path / "out",
+        log=lines.append,
+    )
+    assert lines[0].startswith("scorecard: 2 live runs of 8 s at time_scale 1")
+    assert card["runs"] == 2 and card["policy"] == "vllm-router:round_robin"
+    (sc,) = card["scenarios"]
+    assert "kill 3.2-6.4 s" in sc["note"] and sc["judged"]
+    for label, row in sc["rows"].items():
+        assert row["checks"]["nothing_lost"] == "ok", (label, row["checks"])
+    mine = [r for r in card["rows"] if r["label"] == "vllm-router:round_robin"]
+    (row,) = mine
+    assert row["decisions"]["share"] == 1.0 and row["requests"] == 16
+    assert Path(row["results"], "logs", "router-vllm-router.log").is_file()
+    assert (row["n_prefill"], row["n_decode"]) == (1, 3)
