@@ -2,7 +2,7 @@
 Ctrl-C or SIGTERM, then write the usual results (scenario.standing). Every request's record is
 journaled before its client sees it end, so even a SIGKILL keeps them; a service that dies is
 reported at once and in the exit report; `--prometheus` (compose) adds a Prometheus server
-scraping every service."""
+scraping every service; `--router` puts an external router in front (scenario.standing_router)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ def _positive_float(text: str) -> float:
 def _banner(ep: Endpoints, time_scale: float) -> None:
     lines = [
         f"OpenAI base URL:  {ep.openai_base}",
+        *([f"external router: {ep.external}"] if ep.external else []),
         f"tokenizer:        {TOKENIZER_DIR}",
         f"link API:         {ep.link_api or '- (no link in this deployment)'}",
         *(f"metrics {sid}: {url}" for sid, url in ep.metrics.items()),
@@ -50,12 +51,35 @@ def _notice(line: str) -> None:
     print(f"testbed: {line}", file=sys.stderr, flush=True)
 
 
+def _refuse_with_router(args: argparse.Namespace) -> None:
+    """What an external router does not stand up with, said before anything starts."""
+    if args.substrate != "local":
+        raise UserError(
+            f"router: an external router runs on the local substrate only, so far (not "
+            f"{args.substrate}; docs/real-routers.md)"
+        )
+    if args.prometheus:
+        raise UserError("--prometheus needs --substrate compose, which an external router "
+                        "does not run on (docs/real-routers.md)")  # fmt: skip
+    if args.time_scale not in (None, 1.0):
+        raise UserError(
+            f"--time-scale {args.time_scale:g}: an external router runs at time_scale 1 (its "
+            "timers are wall-clock; docs/real-routers.md)"
+        )
+
+
 def _up(args: argparse.Namespace) -> int:
     if args.substrate not in SUBSTRATES:
         raise UserError(f"substrate {args.substrate!r} is not available; use 'local' or 'compose'")
+    scenario = load_scenario(resolve_scenario(args.scenario))
+    if args.router:  # an external router in front (docs/real-routers.md, "testbed up --router")
+        from testbed.scenario.external_run import with_router
+
+        scenario = with_router(scenario, args.router, time_scale_set=True)
+    if scenario.router is not None:
+        _refuse_with_router(args)
     if args.prometheus and args.substrate != "compose":
         raise UserError("--prometheus needs --substrate compose (it runs as a container)")
-    scenario = load_scenario(resolve_scenario(args.scenario))
     out = Path(args.out) if args.out else Path("results") / f"{scenario.name}-up"
     opts = RunOptions(
         substrate=args.substrate,
@@ -84,8 +108,11 @@ def _up(args: argparse.Namespace) -> int:
         f"{rp.n_prefill} PD-P + {rp.n_decode} PD-D), {faults}; starting...",
         file=sys.stderr,
     )
+    stand = stand_up
+    if rp.scenario.router is not None:
+        from testbed.scenario.standing_router import stand_up_router as stand
     result = asyncio.run(
-        stand_up(
+        stand(
             rp,
             opts,
             faults=not args.no_faults,
@@ -124,6 +151,13 @@ def add_parser(sub: Any) -> None:
         "clients then measure real-world latency directly)",
     )
     p.add_argument("--no-faults", action="store_true", help="do not play the nemesis timeline")
+    p.add_argument(
+        "--router",
+        metavar="PRESET[:POLICY]",
+        help="an external router in front of the fleet, whose URL the banner gives, e.g. "
+        "sglang-router or vllm-router:round_robin (needs pip install -e '.[routers]'; "
+        "time_scale 1, local substrate; docs/real-routers.md)",
+    )
     p.add_argument(
         "--prometheus",
         action="store_true",

@@ -13,6 +13,9 @@ run goes, so a killed instance loses only its last moments): the decode attempt 
 it gives the route, the instances, the KV bytes and their verification, the prefill's times; the
 decode attempts of one request id are its retries. A request the client saw complete with no
 completed attempt on record keeps `kv_verified` false, and kv_accounted says so.
+
+With no client view (`testbed up --router`: outside clients, scenario.standing_router), a
+record is joined from the attempts alone (`join_attempts`), grouped by `attempt_key`.
 """
 
 from __future__ import annotations
@@ -40,9 +43,62 @@ from testbed.scenario.schema import Scenario
 from testbed.services.spec import InstanceInfo, ServiceSpec
 from testbed.workload.generate import RequestSpec
 
-__all__ = ["ExternalRun", "join_record", "run_external", "with_router"]
+__all__ = [
+    "ExternalRun",
+    "attempt_key",
+    "join_attempts",
+    "join_record",
+    "run_external",
+    "with_router",
+]
 
 _SHIFTED = ("prefill_start", "prefill_end", "transfer_start", "transfer_end")
+
+
+VLLM_ROUTER_ID = "___prefill_addr_"
+"""How vllm-router's own request id starts (its X-Request-Id towards both halves)."""
+
+
+def attempt_key(attempt: dict[str, Any]) -> str | None:
+    """The request an attempt belongs to: the client's `testbed_request_id` when it sent one
+    (every half and retry of the request carries it); else vllm-router's own id (its
+    X-Request-Id towards both halves, `___prefill_addr_..___decode_addr_.._UUID`: the UUID);
+    else the room both halves share (SGLang's gateway gives a retry a new room, so each of its
+    attempts is then a request of its own). A client's own X-Request-Id is not a key: SGLang's
+    gateway passes it to the decode half only, and a client may send the same one twice."""
+    if attempt.get("request"):
+        return str(attempt["request"])
+    rid = attempt.get("router_id")
+    if isinstance(rid, str) and rid.startswith(VLLM_ROUTER_ID):
+        return "router-" + rid.rsplit("_", 1)[-1]
+    if attempt.get("room") is not None:
+        return f"room-{attempt['room']}"
+    return None
+
+
+def _served(
+    rec: RequestRecord, attempts: list[dict[str, Any]], to_load: Callable[[float], float]
+) -> dict[str, Any] | None:
+    """Fill `rec` from the decode attempt that completed it (route, instances, KV bytes and
+    verification, the prefill's times; the other decode attempts are retries); that attempt."""
+    decodes = [a for a in attempts if a.get("side") == "decode"]
+    rec.retries = max(0, len(decodes) - 1)
+    done = [a for a in decodes if a.get("outcome") == "completed"]
+    if not done:
+        return None
+    a = done[-1]
+    rec.decode_instance = a.get("instance")
+    rec.prefill_instance = a.get("prefill_instance")
+    rec.route = a.get("route")
+    rec.cross_dc = rec.route is not None and rec.route != a.get("cluster")
+    for name in _SHIFTED:
+        if a.get(name) is not None:
+            setattr(rec, name, to_load(float(a[name])))
+    rec.kv_wire_bytes_expected = int(a.get("kv_wire_bytes_expected", 0))
+    rec.kv_wire_bytes_sent = int(a.get("kv_wire_bytes_sent", 0))
+    rec.kv_wire_bytes_received = int(a.get("kv_wire_bytes_received", 0))
+    rec.kv_verified = bool(a.get("kv_verified"))
+    return a
 
 
 def join_record(
@@ -59,28 +115,45 @@ def join_record(
         output_tokens=req.output_tokens,
         arrival=view.sent,
     )
-    decodes = [a for a in attempts if a.get("side") == "decode"]
-    rec.retries = max(0, len(decodes) - 1)
-    done = [a for a in decodes if a.get("outcome") == "completed"]
-    if done:
-        a = done[-1]
-        rec.decode_instance = a.get("instance")
-        rec.prefill_instance = a.get("prefill_instance")
-        rec.route = a.get("route")
-        rec.cross_dc = rec.route is not None and rec.route != a.get("cluster")
-        for name in _SHIFTED:
-            if a.get(name) is not None:
-                setattr(rec, name, to_load(float(a[name])))
-        rec.kv_wire_bytes_expected = int(a.get("kv_wire_bytes_expected", 0))
-        rec.kv_wire_bytes_sent = int(a.get("kv_wire_bytes_sent", 0))
-        rec.kv_wire_bytes_received = int(a.get("kv_wire_bytes_received", 0))
-        rec.kv_verified = bool(a.get("kv_verified"))
+    _served(rec, attempts, to_load)
     rec.tokens_out = view.tokens
     rec.first_token, rec.last_token = view.first_token, view.last_token
     if view.error is None:
         rec.status = "completed"
     else:
         rec.failure_reason = view.error
+    return rec
+
+
+def join_attempts(
+    rid: str, attempts: list[dict[str, Any]], to_load: Callable[[float], float]
+) -> RequestRecord:
+    """One request's record from its attempts alone (no client view: an outside client's
+    request, `testbed up --router`). Arrival is the first attempt's arrival at a worker; first
+    and last token and the tokens are the completing decode attempt's, server-side; with no
+    completed decode attempt the request failed, with the last attempt's reason (a decode
+    attempt's before a prefill's)."""
+    ordered = sorted(attempts, key=lambda a: float(a.get("arrival") or 0.0))
+    arrivals = [float(a["arrival"]) for a in ordered if a.get("arrival") is not None]
+    decodes = [a for a in ordered if a.get("side") == "decode"]
+    sizes = decodes or ordered
+    rec = RequestRecord(
+        id=rid,
+        input_tokens=int(sizes[-1].get("input_tokens") or 0) if sizes else 0,
+        output_tokens=int(decodes[-1].get("output_tokens") or 0) if decodes else 0,
+        arrival=to_load(arrivals[0]) if arrivals else 0.0,
+    )
+    done = _served(rec, ordered, to_load)
+    if done is not None:
+        rec.status = "completed"
+        rec.tokens_out = int(done.get("tokens_out") or 0)
+        for name in ("first_token", "last_token"):
+            if done.get(name) is not None:
+                setattr(rec, name, to_load(float(done[name])))
+        return rec
+    last = (decodes or ordered)[-1] if ordered else {}
+    reason = last.get("reason") or "no completed decode attempt"
+    rec.failure_reason = f"{last.get('side', 'an')} attempt {last.get('outcome', '')}: {reason}"
     return rec
 
 
@@ -215,8 +288,8 @@ class ExternalRun(_Run):
                 for a in doc["attempts"]:
                     self.read_upto[inst.id] = max(self.read_upto.get(inst.id, 0), int(a["seq"]))
                     self._place(a)
-                    if a.get("request") is not None:
-                        self.attempts[str(a["request"])].append(a)
+                    if (key := attempt_key(a)) is not None:
+                        self.attempts[key].append(a)
                     self.history.append(HistoryEvent(self.clock.now(), "attempt", a))
 
     def _place(self, attempt: dict[str, Any]) -> None:

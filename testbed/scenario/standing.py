@@ -21,7 +21,9 @@ event stream, nemesis player and results writer. What differs from `run`:
   `drain_s` wall seconds to finish, the results are written, every process is stopped
   (scenario.signals, shared with `run`);
 - on the compose substrate it can add a Prometheus server scraping every service
-  (substrate.compose.prometheus).
+  (substrate.compose.prometheus);
+- with the scenario's `router:` (`testbed up --router`), an external router stands in front
+  instead and the records are joined from the workers' attempts (scenario.standing_router).
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ class Endpoints:
     """Service id -> its Prometheus /metrics URL."""
     prometheus: str | None = None
     """The Prometheus server scraping them all (compose substrate, `--prometheus`)."""
+    external: str | None = None
+    """The external router in front (`--router`): its preset, policy and log file."""
 
 
 def at_time_scale(rp: RunPlan, time_scale: float) -> RunPlan:
@@ -86,7 +90,13 @@ class _Standing(_Run):
     """A live run whose services stream every token as it is produced, and whose records come
     from the router as they end (whoever the client was)."""
 
+    fronted = False
+    """True for a class that puts the scenario's external router in front (standing_router)."""
+
     def __init__(self, rp: RunPlan, opts: RunOptions, *, prometheus: bool = False) -> None:
+        if rp.scenario.router is not None and not self.fronted:
+            raise UserError("router: a standing deployment with an external router is "
+                            "scenario.standing_router's (testbed up --router)")  # fmt: skip
         super().__init__(rp, opts)
         self.records_seen = 0
         """Highest `seq` of the router's records journaled (services.router.recorded)."""
@@ -303,12 +313,14 @@ async def stand_up(
     drain_s: float = DRAIN_S,
     prometheus: bool = False,
     on_notice: Callable[[str], None] = lambda _m: None,
+    run_class: type[_Standing] | None = None,
 ) -> RunResult:
     """Serve `rp`'s deployment until a stop signal (or `stop`), then write its results;
     `prometheus` adds a Prometheus server (compose substrate only); `on_notice` gets a line
-    for each service that dies and for a stalled keeper, as they happen."""
+    for each service that dies and for a stalled keeper, as they happen. `run_class`:
+    scenario.standing_router's for a scenario with `router:` (its `stand_up_router`)."""
     opts.out_dir.mkdir(parents=True, exist_ok=True)
-    run = _Standing(rp, opts, prometheus=prometheus)
+    run = (run_class or _Standing)(rp, opts, prometheus=prometheus)
     run.journal_to(opts.out_dir)
     stop = stop if stop is not None else asyncio.Event()
 
