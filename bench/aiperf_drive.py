@@ -14,7 +14,18 @@ requests (the router's /history between the phases) and prints, per phase, AIPer
 ITL p50/p90 next to the testbed's own records of the same requests, and whether AIPerf's
 server-metrics export found our vLLM-named series. Exit 1 if a figure differs by more than 5%.
 
+`--router PRESET[:POLICY]` (sglang-router, vllm-router): the same through an external router,
+`testbed up --router` (docs/real-routers.md), one standing deployment per phase (the router
+keeps no history, so a phase's requests are all that deployment's records). AIPerf talks to the
+router; the testbed's figures are the decode halves' server-side ones (the records joined from
+the workers' attempts: TTFT from the first attempt's arrival at a worker to the decode's first
+token, ITL from its first to its last token). The server-metrics check is left out (the
+router's /metrics are its own). `--report FILE` writes the tables, with the provenance header
+(bench/provenance.py), as a section of FILE (bench/reports/aiperf.md), replacing the section of
+the same router if there is one.
+
 Usage: python bench/aiperf_drive.py [--out results/aiperf] [--requests 60] [--trace-requests 150]
+                                    [--router PRESET[:POLICY]] [--report FILE]
 Takes about 4 minutes on 2 cores (plus the one-time AIPerf install).
 """
 
@@ -75,11 +86,13 @@ def hub_cache(out: Path) -> Path:
     return cache
 
 
-def start_up(out: Path) -> tuple[subprocess.Popen[str], str]:
+def start_up(
+    out: Path, router: str | None = None, tag: str = "testbed"
+) -> tuple[subprocess.Popen[str], str]:
     testbed = Path(sys.executable).parent / "testbed"
     cmd = [str(testbed), "up", str(ROOT / "scenarios" / "burst.yaml"), "--no-faults"]
-    cmd += ["--out", str(out / "testbed")]
-    log = (out / "testbed-up.log").open("w")
+    cmd += ["--out", str(out / tag), *(["--router", router] if router else [])]
+    log = (out / f"{tag}-up.log").open("w")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
     assert proc.stdout is not None
     deadline = time.monotonic() + 120
@@ -87,7 +100,7 @@ def start_up(out: Path) -> tuple[subprocess.Popen[str], str]:
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
-            raise SystemExit(f"testbed up ended early; see {out}/testbed-up.log")
+            raise SystemExit(f"testbed up ended early; see {out}/{tag}-up.log")
         banner.append(line)
         print("  " + line.rstrip())
         if line.startswith("serving at"):
@@ -166,8 +179,10 @@ def server_metrics(art: Path) -> list[str]:
     return sorted(names)
 
 
-def table(title: str, ours: dict[str, Any], theirs: dict[str, Any]) -> tuple[str, bool]:
-    rows = [f"**{title}**", "", "| metric | AIPerf (ms) | testbed records (ms) | difference |",
+def table(
+    title: str, ours: dict[str, Any], theirs: dict[str, Any], ours_name: str = "testbed records"
+) -> tuple[str, bool]:
+    rows = [f"**{title}**", "", f"| metric | AIPerf (ms) | {ours_name} (ms) | difference |",
             "|---|---|---|---|"]  # fmt: skip
     ok = True
     for key, label in (("time_to_first_token", "TTFT"), ("inter_token_latency", "ITL")):
@@ -181,6 +196,82 @@ def table(title: str, ours: dict[str, Any], theirs: dict[str, Any]) -> tuple[str
     return "\n".join(rows), ok
 
 
+PHASES = {"synthetic": "(a) synthetic, chat", "mooncake": "(b) Mooncake trace, completions"}
+
+
+def phase_args(name: str, args: argparse.Namespace, trace: Path) -> list[str]:
+    if name == "synthetic":
+        return ["--endpoint-type", "chat", "--isl", str(args.isl), "--osl", str(args.osl),
+                "--concurrency", str(args.concurrency),
+                "--request-count", str(args.requests)]  # fmt: skip
+    return ["--endpoint-type", "completions", "--input-file", str(trace),
+            "--custom-dataset-type", "mooncake_trace", "--fixed-schedule"]  # fmt: skip
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=180)
+
+
+def through_router(exe: Path, args: argparse.Namespace, trace: Path) -> tuple[list[str], bool]:
+    """`--router`: each phase against its own `testbed up --router` (see the module's doc)."""
+    report, ok = [], True
+    for name, title in PHASES.items():
+        proc, router = start_up(args.out, args.router, f"testbed-{name}")
+        try:
+            aiperf(exe, router, args.out / name, phase_args(name, args, trace))
+        finally:
+            stop(proc)
+        recs = list(_records(args.out / f"testbed-{name}" / "requests.jsonl").values())
+        failed = sum(r["status"] != "completed" for r in recs)
+        text, good = table(f"{title}, through {args.router}", testbed_stats(recs),
+                           aiperf_stats(args.out / name), "testbed, server-side")  # fmt: skip
+        text += f" ({failed} failed)"
+        if gaps := ttft_gaps(args.out / name, args.out / f"testbed-{name}"):
+            g = np.asarray(gaps)
+            text += (
+                f"\n\nper request ({len(g)} joined by AIPerf's X-Request-Id): AIPerf's TTFT minus "
+                f"the server-side one, p10 {np.percentile(g, 10):.1f} ms, p50 "
+                f"{np.percentile(g, 50):.1f} ms, p90 {np.percentile(g, 90):.1f} ms, max "
+                f"{g.max():.1f} ms"
+            )
+        ok &= good and not failed
+        report.append(text)
+    return report, ok
+
+
+def ttft_gaps(art: Path, testbed: Path) -> list[float]:
+    """Per request, AIPerf's TTFT minus the record's server-side one (ms), for the requests
+    joined by AIPerf's X-Request-Id: SGLang's gateway passes a client's X-Request-Id to the
+    decode half (its attempt's `router_id`), vllm-router replaces it (nothing joins)."""
+    rooms = {}
+    for line in (testbed / "history.jsonl").read_text().splitlines():
+        a = json.loads(line)
+        if a.get("kind") == "attempt" and a.get("side") == "decode" and a.get("router_id"):
+            rooms[a["router_id"]] = f"room-{a['room']}"
+    recs = _records(testbed / "requests.jsonl")
+    gaps = []
+    for line in next(art.rglob("profile_export.jsonl")).read_text().splitlines():
+        doc = json.loads(line)
+        rec = recs.get(rooms.get(doc["metadata"].get("x_request_id"), ""))
+        ttft = doc["metrics"].get("time_to_first_token")
+        if rec is not None and rec["status"] == "completed" and ttft is not None:
+            gaps.append(float(ttft["value"]) - (rec["first_token"] - rec["arrival"]) * 1000.0)
+    return gaps
+
+
+def write_section(path: Path, heading: str, body: str) -> None:
+    """`body` under `heading` in `path`: the section of that heading replaced, else appended."""
+    text = path.read_text() if path.exists() else ""
+    start = text.find(heading + "\n")
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + heading + "\n\n" + body
+    else:
+        end = text.find("\n## ", start + len(heading))
+        text = text[:start] + heading + "\n\n" + body + (text[end:] if end >= 0 else "")
+    path.write_text(text.rstrip("\n") + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "aiperf")
@@ -189,37 +280,38 @@ def main() -> int:
     parser.add_argument("--isl", type=int, default=2000)
     parser.add_argument("--osl", type=int, default=64)
     parser.add_argument("--trace-requests", type=int, default=150)
+    parser.add_argument("--router", metavar="PRESET[:POLICY]",
+                        help="through an external router (testbed up --router)")  # fmt: skip
+    parser.add_argument("--report", type=Path, metavar="FILE",
+                        help="write the tables as a section of FILE, with provenance")  # fmt: skip
     args = parser.parse_args()
+    load_before = os.getloadavg()
     args.out.mkdir(parents=True, exist_ok=True)
     exe = ensure_aiperf()
     trace = args.out / "mooncake-head.jsonl"
     lines = TRACE.read_text().splitlines()[: args.trace_requests]
     trace.write_text("\n".join(lines) + "\n")
+    if args.router:
+        report, ok = through_router(exe, args, trace)
+        return finish(args, report, ok, load_before)
     proc, router = start_up(args.out)
     phases: dict[str, list[str]] = {}
     try:
         seen = set(history_ids(router))
-        aiperf(exe, router, args.out / "synthetic", [
-            "--endpoint-type", "chat", "--isl", str(args.isl), "--osl", str(args.osl),
-            "--concurrency", str(args.concurrency), "--request-count", str(args.requests),
-        ])  # fmt: skip
+        aiperf(exe, router, args.out / "synthetic", phase_args("synthetic", args, trace))
         ids = history_ids(router)
         phases["synthetic"] = [i for i in ids if i not in seen]
         seen.update(ids)
-        aiperf(exe, router, args.out / "mooncake", [
-            "--endpoint-type", "completions", "--input-file", str(trace),
-            "--custom-dataset-type", "mooncake_trace", "--fixed-schedule",
-        ])  # fmt: skip
+        aiperf(exe, router, args.out / "mooncake", phase_args("mooncake", args, trace))
         phases["mooncake"] = [i for i in history_ids(router) if i not in seen]
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=180)
+        stop(proc)
     recs = _records(args.out / "testbed" / "requests.jsonl")
     ok = True
     report = []
     for name, ids in phases.items():
         text, good = table(
-            f"({'a' if name == 'synthetic' else 'b'}) {name}",
+            PHASES[name],
             testbed_stats([recs[i] for i in ids if i in recs]),
             aiperf_stats(args.out / name),
         )
@@ -227,9 +319,23 @@ def main() -> int:
         text += f"; AIPerf server metrics found {len(found)} vllm: series ({', '.join(found)})"
         ok &= good and bool(found)
         report.append(text)
+    return finish(args, report, ok, load_before)
+
+
+def finish(args: argparse.Namespace, report: list[str], ok: bool, load_before: Any) -> int:
+    """Print the tables, write comparison.md (and the report's section); the exit code."""
+    verdict = f"within {TOLERANCE:.0%}: {'yes' if ok else 'NO'}"
     print("\n\n".join(report))
     (args.out / "comparison.md").write_text("\n\n".join(report) + "\n")
-    print(f"\nwithin {TOLERANCE:.0%}: {'yes' if ok else 'NO'}; artifacts in {args.out}")
+    print(f"\n{verdict}; artifacts in {args.out}")
+    if args.report is not None:
+        from provenance import provenance  # bench/provenance.py, beside this script
+
+        setup = ("local; scenarios/burst.yaml --no-faults (4 PrfaaS + 3 PD-P + 5 PD-D), "
+                 "time_scale 1, byte_scale as the scenario; AIPerf --random-seed 7")  # fmt: skip
+        head = provenance("bench/aiperf_drive.py", sys.argv[1:], load_before, setup)
+        heading = f"## Through {args.router}" if args.router else "## Through our router"
+        write_section(args.report, heading, head + "\n" + "\n\n".join(report) + f"\n\n{verdict}\n")
     return 0 if ok else 1
 
 
