@@ -56,3 +56,26 @@ def test_waiting_on_what_nothing_will_set_is_a_stall_not_a_hang() -> None:
 
     with pytest.raises(SimulationStalled):
         run_virtual(main())
+
+
+def test_a_simulation_runs_with_young_collections_and_restores_the_collector() -> None:
+    """What a run keeps is not rescanned by full collections while it runs (the sim's cost grew
+    faster than its trace), and the process's collector is as it was afterwards, even when the
+    run fails."""
+    import gc
+
+    from testbed.sim.loop import YOUNG_THRESHOLDS
+
+    before = gc.get_threshold()
+    seen: list[tuple[int, int, int]] = []
+
+    async def main() -> None:
+        seen.append(gc.get_threshold())
+        assert gc.get_freeze_count() > 0  # what existed before the run is frozen
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        run_virtual(main())
+    assert seen == [YOUNG_THRESHOLDS]
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
