@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "plan": "plan",
     "run": "run",
     "scenarios": "run",
+    "timeline": "timeline",
     "up": "up",
     "link": "link",
     "verify-model": "verify",

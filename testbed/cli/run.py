@@ -121,6 +121,7 @@ def _run(args: argparse.Namespace) -> int:
         percentiles=args.percentiles,
         max_requests=args.max_requests,
         source=str(path),
+        timeline=not args.no_timeline,
     )
     rp = prepare_run(scenario, opts)
     if rp.scenario.router is not None and opts.substrate != "local":
@@ -181,7 +182,8 @@ def _report(result: RunResult) -> int:
     for check in result.checks:
         shown = {"ok": "ok", "failed": "FAILED", "vacuous": "VACUOUS"}[check.verdict]
         print(f"check {check.name}: {shown} - {check.detail}")
-    print(f"results: {result.out_dir}/ (requests.jsonl, summary.json, report.md, timeline.png)")
+    picture = ", timeline.png" if (result.out_dir / "timeline.png").exists() else ""
+    print(f"results: {result.out_dir}/ (requests.jsonl, summary.json, report.md{picture})")
     return result.exit_code
 
 
@@ -239,6 +241,12 @@ def add_parser(sub: Any) -> None:
     add_set(p)
     p.add_argument("--out", metavar="DIR", help="results directory (default: results/NAME)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-timeline",
+        action="store_true",
+        help="do not draw timeline.png (about 1 CPU s; a sim run's largest fixed cost): "
+        "`testbed timeline DIR` draws it from the results later",
+    )
     add_percentiles(p)
     add_max_requests(p)
     p.set_defaults(func=_run)

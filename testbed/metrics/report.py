@@ -385,9 +385,9 @@ def render_report(
         lines.append("No checkers ran.")
 
     if timeline:
-        lines += ["", "## Timeline", "", f"![timeline]({timeline})"]
+        lines += _timeline_section(timeline)
     if notes:
-        lines += ["", "## Notes", ""]
+        lines += [*_NOTES]
         lines += [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
 
@@ -434,3 +434,26 @@ def write_report(
     path = out_dir / "report.md"
     atomic_write(path, render_report(scenario_name, summary, checks, notes, timeline=timeline))
     return path
+
+
+_NOTES = ("", "## Notes", "")
+
+
+def _timeline_section(image: str) -> list[str]:
+    return ["", "## Timeline", "", f"![timeline]({image})"]
+
+
+def embed_timeline(out_dir: Path) -> bool:
+    """Embed out_dir/timeline.png in the run's report.md where render_report puts it (before
+    the notes), for a timeline drawn after the run (`testbed timeline`). False when there is
+    no report.md or it already embeds the picture."""
+    path = out_dir / "report.md"
+    if not path.exists():
+        return False
+    lines = path.read_text().rstrip("\n").split("\n")
+    section = _timeline_section("timeline.png")
+    if section[-1] in lines:
+        return False
+    at = next((i for i in range(len(lines) - 2) if tuple(lines[i : i + 3]) == _NOTES), len(lines))
+    atomic_write(path, "\n".join([*lines[:at], *section, *lines[at:]]) + "\n")
+    return True

@@ -22,10 +22,10 @@ import numpy as np
 
 from testbed.metrics.files import atomic_path
 from testbed.metrics.records import HistoryEvent, RequestRecord
-from testbed.metrics.summary import queue_depth_series
+from testbed.metrics.summary import outside_policy, queue_depth_series
 from testbed.metrics.thresholds import threshold_lines
 
-__all__ = ["write_timeline"]
+__all__ = ["draw_run", "write_timeline"]
 
 _LEGEND: dict[str, Any] = {"loc": "upper left", "bbox_to_anchor": (1.005, 1.0), "fontsize": 8}
 """Legends sit outside the plot on the right, so they never hide data."""
@@ -235,6 +235,25 @@ def write_timeline(
     with atomic_path(path) as tmp:  # a reader never sees half a PNG
         fig.savefig(tmp, dpi=100, format="png")
     return path
+
+
+def draw_run(
+    out_dir: Path,
+    records: Sequence[RequestRecord],
+    history: Sequence[HistoryEvent],
+    summary: dict[str, Any],
+) -> Path:
+    """out_dir/timeline.png of the run `summary` describes (its summary.json): the title, the
+    SLO line and the threshold's labels come from the summary, so a run and `testbed timeline`
+    on its files afterwards draw the same picture."""
+    return write_timeline(
+        out_dir / "timeline.png",
+        records,
+        history,
+        title=f"{summary['scenario']} ({summary['policy']})",
+        ttft_slo_s=summary["slo"]["ttft_s"],
+        outside=outside_policy(summary["decisions"]),
+    )
 
 
 def _mark(axes: Sequence[Any], labelled: Any, t: float, label: str, color: str, style: str) -> None:

@@ -15,8 +15,8 @@ from testbed.metrics.bench import run_metadata
 from testbed.metrics.files import atomic_write
 from testbed.metrics.records import HistoryEvent, RequestRecord, write_jsonl
 from testbed.metrics.report import write_report
-from testbed.metrics.summary import outside_policy, summarize
-from testbed.metrics.timeline import write_timeline
+from testbed.metrics.summary import summarize
+from testbed.metrics.timeline import draw_run
 from testbed.scenario.plan import RunOptions, RunPlan, RunResult
 
 __all__ = ["write_results"]
@@ -98,14 +98,9 @@ def write_results(
     summary["link"]["shaper"] = rp.deployment.link.shaper if rp.deployment.prfaas else None
     summary["checks"] = [c.to_json() for c in checks]
     if opts.timeline:
-        write_timeline(
-            out / "timeline.png",
-            records,
-            history,
-            title=f"{sc.name} ({rp.policy})",
-            ttft_slo_s=sc.slo.ttft,
-            outside=outside_policy(summary["decisions"]),
-        )
+        draw_run(out, records, history, summary)
+    else:  # `--no-timeline`: not an earlier run's picture beside this run's files
+        (out / "timeline.png").unlink(missing_ok=True)
     end = time.perf_counter()
     summary["wall"] = {
         "simulate_s": simulate_s,
