@@ -1,13 +1,16 @@
 """The fault matrix for external routers (issue #32 (iii)): how sglang-router and vllm-router,
-each with round_robin and its default cache_aware, react to a prefill kill, a link partition
-and a bandwidth drop, next to our own `prfaas` and `prfaas-predict` on the same fleet, seed and
-time_scale.
+each with round_robin and its default cache_aware, react to a prefill kill and pause, a decode
+kill, a link partition and a bandwidth drop, next to our own `prfaas` and `prfaas-predict` on
+the same fleet, seed and time_scale.
 
 Every run is the library's `partition` scenario (its workload, SLO, seed 13) on the short
 deployment (2 PrfaaS + 1 PD-P + 3 PD-D, 100 Gbps / 20 ms / 2 ms jitter) at time_scale 1,
 byte_scale 2000, `--duration 60s`, with one fault from 20 s to 40 s (real-world):
 
 - kill: prfaas-prefill-0 SIGKILLed, restarted at the end;
+- pause: prfaas-prefill-0 SIGSTOPped, SIGCONTed at the end (it holds the router's connections
+  and answers none, its health checks included);
+- decode-kill: local-decode-0 SIGKILLed, restarted at the end;
 - partition: the link's proxies disabled (mode disable): the KV path and, for an external
   router, its control path to the PrfaaS prefills;
 - bandwidth: the link drops from 100 Gbps to 5 Gbps (2.5 Gbps after the short deployment's
@@ -53,6 +56,8 @@ SEED = 13
 DURATION_S = 60.0
 FAULTS: dict[str, dict[str, Any]] = {
     "kill": {"action": "kill", "at": "20s", "for": "20s", "target": "prfaas-prefill-0"},
+    "pause": {"action": "pause", "at": "20s", "for": "20s", "target": "prfaas-prefill-0"},
+    "decode-kill": {"action": "kill", "at": "20s", "for": "20s", "target": "local-decode-0"},
     "partition": {"action": "partition", "at": "20s", "for": "20s", "mode": "disable"},
     "bandwidth": {"action": "bandwidth", "at": "20s", "for": "20s", "bandwidth": "5Gbps"},
 }
@@ -115,6 +120,23 @@ def _f(v: float | None, unit: str = " s") -> str:
     return "-" if v is None else f"{v:.2f}{unit}"
 
 
+def _calls(x: dict[str, Any]) -> str:
+    """The calls during the fault, saying how many were inferred (a killed decode's unpaired
+    prefill halves) or read by a paused instance only when it resumed (held)."""
+    if not x:
+        return "-"
+    how = [f"{x[k]} {k}" for k in ("unpaired", "held") if x.get(k)]
+    return f"{x['attempts_during']}" + (f" ({', '.join(how)})" if how else "")
+
+
+def _lost(x: dict[str, Any]) -> str:
+    """The client failures during the fault, saying how many were streams it broke."""
+    if not x:
+        return "-"
+    n = x["client_failures_during"]
+    return f"{n} ({x['broken_streams']} broken streams)" if x.get("broken_streams") else f"{n}"
+
+
 def _reasons(failures: dict[str, int]) -> str:
     return "; ".join(f"{n} x {r[:300]}" for r, n in failures.items()) or "-"
 
@@ -135,8 +157,11 @@ def render(rows: list[dict[str, Any]], prov: str) -> str:
         "one's KV accounted and verified). TTFT is the client's (through the router). "
         "Reaction (external routers only, testbed.metrics.router_reaction): calls the router "
         "sent for the cut-off instances during the 20 s fault (prefill attempts there, or "
-        "decode halves paired with them), the last one's delay after the fault started, and the "
-        "client failures during the fault with the last one's delay.",
+        "decode halves paired with them; for a killed decode, the prefill halves no decode "
+        "journaled: `unpaired`; for a paused prefill, the calls it read only on resuming, "
+        "counted at their client's arrival: `held`), the last one's delay after the fault "
+        "started, and the client failures during the fault (requests that arrived in it, and "
+        "streams it broke) with the last one's delay.",
         "",
         "| router policy | fault | requests | completed | failed | nothing lost | SLO "
         "attainment | TTFT p90 | via PrfaaS | retries | orphan halves | calls during fault | "
@@ -155,8 +180,8 @@ def render(rows: list[dict[str, Any]], prov: str) -> str:
             f"{r['failed']} | {'ok' if lost_ok else r['checks']} | "
             f"{'-' if att is None else f'{att:.1%}'} | {_f(r['ttft_p90_s'])} | "
             f"{r['prfaas_routed']} | {r['retries']} | {r['orphans'] if x else '-'} | "
-            f"{x.get('attempts_during', '-')} | {_f(x.get('stopped_after_s'))} | "
-            f"{x.get('client_failures_during', '-')} | {_f(x.get('last_failure_s'))} | "
+            f"{_calls(x)} | {_f(x.get('stopped_after_s'))} | "
+            f"{_lost(x)} | {_f(x.get('last_failure_s'))} | "
             f"{r['wall_s']:.0f} s |"
         )
     lines += ["", "## Failure reasons (as the clients got them)", ""]

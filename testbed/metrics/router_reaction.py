@@ -12,10 +12,23 @@ half, with its arrival and outcome) and from what its clients saw (the records):
 - per fault (`faults`): the instances it cut off (a process fault's targets; for a link fault,
   the PrfaaS prefill instances, whose calls cross the link's control path), and the time from
   the fault's start until the router stopped sending to them: the last attempt arriving for
-  them inside the fault's window (a prefill attempt at the instance, or a decode attempt the
-  router paired with it), `null` when none arrived (a killed instance logs nothing itself: with
-  the `vllm` flavour, where the decode is called only after the prefill answered, its
-  client-visible failures are the trace instead: `last_failure_s`).
+  them inside the fault's window, `null` when none arrived. An attempt is for an instance when
+  it arrived there, or, for a decode half, the router paired it with that prefill. A killed
+  instance logs nothing itself, so the trace is its partner's half:
+  - a killed prefill: the decode halves the `sglang` gateway paired with it; with the `vllm`
+    flavour, where the decode is called only after the prefill answered, none, and its
+    client-visible failures are the trace instead (`last_failure_s`);
+  - a killed decode (`unpaired`): the prefill halves whose room no decode journaled, the
+    router's other half having gone to the dead decode (`sglang`: sent at once with it; `vllm`:
+    the prefill that answered before the router's decode call failed). Inferred, not named:
+    a prefill attempt does not say which decode it was paired with;
+  - a paused instance (`held`): it holds the router's connections and reads them only when it
+    resumes, journaling their arrival then. An attempt it journaled after the window for a
+    request the client sent inside it counts, at that client arrival (a lower bound of when the
+    router sent it; the instance's own clock reading stood for the resume).
+  Client failures during a fault: the requests that arrived inside its window and failed, plus
+  the streams it broke (`broken_streams`: requests that arrived before it and failed with their
+  last token less than a second before its start or inside it: a decode killed mid-stream).
 
 `control_path`: the address the router was given for each PrfaaS prefill (its control-path
 proxy on the link), which its error messages name.
@@ -43,6 +56,65 @@ def _prefill_targets(a: dict[str, Any]) -> str | None:
     if a.get("side") == "prefill":
         return a.get("instance")
     return a.get("prefill_target")
+
+
+def _unpaired_prefills(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Prefill attempts whose room no decode attempt carries: their decode half never reached a
+    worker that journaled it."""
+    met = {a.get("room") for a in attempts if a.get("side") == "decode"}
+    return [a for a in attempts
+            if a.get("side") == "prefill" and a.get("room") is not None
+            and a["room"] not in met]  # fmt: skip
+
+
+def _sent_for(
+    w: dict[str, Any],
+    cut: list[str],
+    attempts: list[dict[str, Any]],
+    arrivals: dict[str, float],
+) -> tuple[list[float], int, int]:
+    """When the router sent each call for the cut-off instances inside the fault's window (see
+    the module's doc), and how many of those calls were `unpaired` and `held`."""
+    end = w["end"] if w["end"] is not None else float("inf")
+    decode_cut = w["action"] in _PROCESS_ACTIONS and any("-decode-" in i for i in cut)
+    unpaired = {id(a) for a in _unpaired_prefills(attempts)} if decode_cut else set()
+    sent: list[float] = []
+    n_unpaired = n_held = 0
+    for a in attempts:
+        if a.get("at") is None:
+            continue
+        t = float(a["at"])
+        if w["start"] <= t < end:
+            if _prefill_targets(a) in cut or a.get("instance") in cut:
+                sent.append(t)
+            elif id(a) in unpaired:
+                sent.append(t)
+                n_unpaired += 1
+        elif t >= end and w["action"] == "pause" and a.get("instance") in cut:
+            sent_at = arrivals.get(str(a.get("request")))
+            if sent_at is not None and w["start"] <= sent_at < end:
+                sent.append(sent_at)
+                n_held += 1
+    return sent, n_unpaired, n_held
+
+
+_STREAM_GAP_S = 1.0
+"""A failed stream whose last token came less than this before a fault's start was still
+flowing when the fault struck (its tokens come tens of milliseconds apart): the fault broke it."""
+
+
+def _client_failures(
+    failed: list[RequestRecord], start: float, end: float
+) -> tuple[list[float], int]:
+    """The client failures a fault's window accounts for, each at its time after the start: the
+    requests that arrived inside it, and the streams it broke (they arrived before: a decode
+    killed mid-stream), at their last token (0 if just before the start); and how many of them
+    were broken streams."""
+    times = [r.arrival - start for r in failed if start <= r.arrival < end]
+    broken = [max(0.0, r.last_token - start) for r in failed
+              if r.arrival < start and r.tokens_out > 0 and r.last_token is not None
+              and start - _STREAM_GAP_S <= r.last_token < end]  # fmt: skip
+    return times + broken, len(broken)
 
 
 def _fault_windows(history: list[HistoryEvent]) -> list[dict[str, Any]]:
@@ -79,6 +151,7 @@ def router_reaction(
         if side == "prefill" and a.get("cluster") == "prfaas" and a.get("instance"):
             far.add(str(a["instance"]))
     failed = [r for r in records if r.status != "completed"]
+    arrivals = {r.id: r.arrival for r in records}
     proxies: dict[str, str] = {}
     for e in history:
         if e.kind == "control_path":
@@ -92,10 +165,8 @@ def router_reaction(
         else:
             continue
         end = w["end"] if w["end"] is not None else float("inf")
-        sent = [float(a["at"]) for a in attempts
-                if _prefill_targets(a) in cut and a.get("at") is not None
-                and w["start"] <= float(a["at"]) < end]  # fmt: skip
-        lost = [r.arrival for r in failed if w["start"] <= r.arrival < end]
+        sent, unpaired, held = _sent_for(w, cut, attempts, arrivals)
+        lost, broken = _client_failures(failed, w["start"], end)
         faults.append(
             {
                 "index": w["index"],
@@ -106,9 +177,12 @@ def router_reaction(
                 "window_s": end - w["start"] if w["end"] is not None else None,
                 "instances": cut,
                 "attempts_during": len(sent),
+                "unpaired": unpaired,
+                "held": held,
                 "stopped_after_s": max(sent) - w["start"] if sent else None,
                 "client_failures_during": len(lost),
-                "last_failure_s": max(lost) - w["start"] if lost else None,
+                "broken_streams": broken,
+                "last_failure_s": max(lost) if lost else None,
             }
         )
     return {

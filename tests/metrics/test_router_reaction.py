@@ -106,3 +106,69 @@ def test_no_attempts_no_section() -> None:
     """Our own router's runs journal no attempts: the summary has no such section."""
     assert router_reaction([_rec("r", 0.0)], [_fault(1.0, "start", 0, "kill", "x")]) is None
     assert reaction_lines(None) == []
+
+
+def test_a_killed_decode_is_traced_by_the_prefill_halves_no_decode_journaled() -> None:
+    """The dead decode logs nothing and a prefill attempt does not name its decode: a prefill
+    half whose room no decode journaled inside the window is a call for the cut-off decode."""
+    d1 = {"instance": "local-decode-1", "cluster": "local"}
+    history = [
+        _attempt(1.0, "prefill", room=1, request="a", **P0),
+        _attempt(1.0, "decode", room=1, request="a", prefill_target="prfaas-prefill-0", **D0),
+        _fault(3.0, "start", 0, "kill", "local-decode-0"),
+        # the gateway's decode half went to the dead decode: only the prefill half is journaled
+        _attempt(3.2, "prefill", "failed", reason="no decode", room=2, request="b", **P0),
+        _attempt(4.0, "prefill", room=3, request="b", **L0),  # the retry, paired with a live one
+        _attempt(4.0, "decode", room=3, request="b", prefill_target="local-prefill-0", **d1),
+        _attempt(5.5, "prefill", "released", reason="not pulled", room=4, request="c", **P1),
+        _fault(7.0, "end", 0, "kill", "local-decode-0"),
+        _attempt(8.0, "prefill", room=5, request="d", **P0),  # after the window: not counted
+    ]
+    out = router_reaction([_rec("c", 5.4, "router: 500 decode down")], history)
+    assert out is not None
+    (kill,) = out["faults"]
+    assert kill["instances"] == ["local-decode-0"]
+    assert kill["attempts_during"] == 2 and kill["unpaired"] == 2 and kill["held"] == 0
+    assert kill["stopped_after_s"] == pytest.approx(2.5)
+    assert kill["client_failures_during"] == 1 and kill["last_failure_s"] == pytest.approx(2.4)
+
+
+def test_a_paused_prefill_counts_the_calls_it_read_on_resuming_at_their_client_arrival() -> None:
+    """A paused instance holds the router's connections and journals their arrival when it
+    resumes: such an attempt, for a request sent inside the window, counts at that request's
+    client arrival; the decode halves paired with the paused prefill count as they arrived."""
+    history = [
+        _fault(2.0, "start", 0, "pause", "prfaas-prefill-0"),
+        _attempt(2.5, "decode", "failed", request="a", prefill_target="prfaas-prefill-0", **D0),
+        _fault(6.0, "end", 0, "pause", "prfaas-prefill-0"),
+        _attempt(6.1, "prefill", request="b", **P0),  # sent at 3.3 s, read on resuming
+        _attempt(6.1, "prefill", request="x", **P0),  # sent before the pause: not counted
+        _attempt(6.2, "prefill", request="c", **P1),  # another instance: not counted
+        _attempt(7.0, "prefill", request="d", **P0),  # sent after the pause: not counted
+    ]
+    records = [_rec("x", 1.5), _rec("a", 2.4), _rec("b", 3.3), _rec("c", 3.4), _rec("d", 6.9)]
+    out = router_reaction(records, history)
+    assert out is not None
+    (pause,) = out["faults"]
+    assert pause["attempts_during"] == 2 and pause["held"] == 1 and pause["unpaired"] == 0
+    assert pause["stopped_after_s"] == pytest.approx(1.3)
+    assert pause["client_failures_during"] == 0
+
+
+def test_a_stream_broken_by_the_fault_counts_though_it_arrived_before() -> None:
+    """A decode killed mid-stream fails requests that arrived before the fault, their last token
+    just before its start: each counts; a stream that failed long before does not."""
+    history = [
+        _attempt(0.5, "prefill", room=1, request="a", **P0),
+        _fault(3.0, "start", 0, "kill", "local-decode-0"),
+        _fault(7.0, "end", 0, "kill", "local-decode-0"),
+    ]
+    broken = _rec("a", 0.4, "client: response payload is not completed")
+    broken.first_token, broken.last_token, broken.tokens_out = 1.0, 2.95, 40
+    older = _rec("b", 0.3, "client: response payload is not completed")
+    older.first_token, older.last_token, older.tokens_out = 0.5, 1.0, 10  # broke before
+    out = router_reaction([broken, older, _rec("c", 5.0, "router: 500")], history)
+    assert out is not None
+    (kill,) = out["faults"]
+    assert kill["client_failures_during"] == 2 and kill["broken_streams"] == 1
+    assert kill["last_failure_s"] == pytest.approx(2.0)
