@@ -13,6 +13,7 @@ runs is reported per policy, with the load average before and after and the comm
         --set workload.arrivals.load=null \\
         --policy prfaas-static --policy prfaas --policy prfaas-predict --repeat 5 \\
         [--times 10] [--src /tmp/before] [--report bench/reports/sim_speed.md [--append]]
+        [--no-timeline]
 
 `--times N` replays the trace N times end to end (hash ids offset per copy, so each copy meets
 the prefix cache as the first did; the duration is multiplied by N). `--src DIR` (repeatable)
@@ -85,6 +86,8 @@ def cli_args(args: argparse.Namespace, trace: Path | None, policy: str | None) -
         argv += ["--policy", policy]
     for s in args.set or []:
         argv += ["--set", s]
+    if args.no_timeline:
+        argv.append("--no-timeline")
     return argv
 
 
@@ -153,6 +156,9 @@ def main() -> int:
     ap.add_argument("--report", type=Path, help="write the figures as markdown here")
     ap.add_argument("--append", action="store_true", help="add a section to --report")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument(
+        "--no-timeline", action="store_true", help="runs without timeline.png (testbed timeline)"
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
