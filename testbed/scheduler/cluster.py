@@ -8,7 +8,7 @@ A test hands them a fake with dicts and canned counters instead.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -68,8 +68,10 @@ class Cluster(Protocol):
         """Tokens of those requests (prefill: uncached prompt tokens; decode: output tokens)."""
         ...
 
-    async def sender_stats(self, instance: str) -> SenderCounters | None:
-        """The instance's sender counters now, or None if it did not answer."""
+    async def sender_stats(self, instances: Sequence[str]) -> list[SenderCounters | None]:
+        """Each instance's sender counters now (None for one that did not answer), in order.
+        All at once: the live router asks them concurrently; the sim reads its counters
+        without a task per instance (the short-term loop asks every tick)."""
         ...
 
     async def switch_role(self, instance: str, role: Role, switch_s: float) -> bool:

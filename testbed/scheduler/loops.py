@@ -156,7 +156,7 @@ class ControlLoops:
 
     async def sample_link(self, senders: list[InstanceView]) -> LinkSample | None:
         """The PrfaaS senders' counters now, in real-world bytes; None if none answered."""
-        stats = await asyncio.gather(*(self.cluster.sender_stats(i.id) for i in senders))
+        stats = await self.cluster.sender_stats([i.id for i in senders])
         live = [x for x in stats if x is not None]
         if not live:
             return None

@@ -12,7 +12,7 @@ faults are noticed as late as live).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from testbed.clock import Clock, Scale
@@ -135,7 +135,10 @@ class SimCluster:
 
     # ------------------------------------------------------------------ scheduler.cluster.Cluster
 
-    async def sender_stats(self, instance: str) -> SenderCounters | None:
+    async def sender_stats(self, instances: Sequence[str]) -> list[SenderCounters | None]:
+        return [self._sender_stats(i) for i in instances]
+
+    def _sender_stats(self, instance: str) -> SenderCounters | None:
         inst = self.instances[instance]
         if not inst.alive or inst.paused or self.link is None:
             return None  # a dead or stopped worker does not answer /stats

@@ -6,6 +6,7 @@ shown to hand the controllers the scenario's values. No processes, no sockets.""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -164,8 +165,8 @@ class Cluster:
         self.work = dict.fromkeys(self.instances, 0.0)
         self.switch_s: list[float] = []
 
-    async def sender_stats(self, instance: str) -> SenderCounters | None:
-        return None
+    async def sender_stats(self, instances: Sequence[str]) -> list[SenderCounters | None]:
+        return [None for _ in instances]
 
     async def switch_role(self, instance: str, role: str, switch_s: float) -> bool:
         self.switch_s.append(switch_s)

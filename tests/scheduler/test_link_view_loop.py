@@ -5,6 +5,7 @@ is assumed before it is measured, the threshold and the history stay as the scen
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from testbed.clock import Scale
@@ -65,9 +66,9 @@ class Sender:
         self.outstanding = dict.fromkeys(self.instances, 0)
         self.work = dict.fromkeys(self.instances, 0.0)
 
-    async def sender_stats(self, instance: str) -> SenderCounters | None:
+    async def sender_stats(self, instances: Sequence[str]) -> list[SenderCounters | None]:
         t = self.clock.t
-        return SenderCounters(5 * GBPS * t, -2.4e-7 if t <= 1.0 else 2e9, 0.0)
+        return [SenderCounters(5 * GBPS * t, -2.4e-7 if t <= 1.0 else 2e9, 0.0) for _ in instances]
 
     async def switch_role(self, instance: str, role: Role, switch_s: float) -> bool:
         raise AssertionError("a loop that only measures never switches roles")

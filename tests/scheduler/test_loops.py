@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import pytest
@@ -72,8 +73,8 @@ class FakeCluster:
         """(instance, role, draining when asked)."""
         self.refuse = False
 
-    async def sender_stats(self, instance: str) -> SenderCounters | None:
-        return self.feed.get(instance)
+    async def sender_stats(self, instances: Sequence[str]) -> list[SenderCounters | None]:
+        return [self.feed.get(i) for i in instances]
 
     async def switch_role(self, instance: str, role: Role, switch_s: float) -> bool:
         self.switches.append((instance, role, instance in self.state.draining))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import aiohttp
 
@@ -203,7 +203,10 @@ class RouterState:
 
     # ------------------------------------------------------------------ scheduler.cluster.Cluster
 
-    async def sender_stats(self, instance: str) -> SenderCounters | None:
+    async def sender_stats(self, instances: Sequence[str]) -> list[SenderCounters | None]:
+        return list(await asyncio.gather(*(self._sender_stats(i) for i in instances)))
+
+    async def _sender_stats(self, instance: str) -> SenderCounters | None:
         doc = await self.workers.stats(self.instances[instance])
         if doc is None:
             return None
