@@ -112,6 +112,7 @@ async def decode_half(request: web.Request, chat: bool) -> web.StreamResponse:
     fac = request.app[FACADE]
     state = fac.state
     spec = state.spec
+    arrival = state.clock.now()  # before sizing the prompt, which a text prompt makes costly
     body = await json_body(request, error=openai_error)
     req = await parse_request(
         body,
@@ -132,7 +133,7 @@ async def decode_half(request: web.Request, chat: bool) -> web.StreamResponse:
         "request": req.label,
         "input_tokens": req.input_tokens,
         "output_tokens": req.output_tokens,
-        "arrival": state.clock.now(),
+        "arrival": arrival,
         "kv_wire_bytes_expected": expected,
         "prefill_addr": f"{req.bootstrap_host}:{req.bootstrap_port}",  # where the router paired
     }

@@ -42,6 +42,7 @@ async def prefill_half(request: web.Request, chat: bool) -> web.StreamResponse:
     is acknowledged."""
     fac = request.app[FACADE]
     state = fac.state
+    arrival = state.clock.now()  # before sizing the prompt (the job queues after it)
     body = await json_body(request, error=openai_error)
     req = await parse_request(body, chat=chat, max_output_tokens=1 << 30, model=state.spec.model)
     room = fac.rooms.get(req.room)
@@ -58,7 +59,7 @@ async def prefill_half(request: web.Request, chat: bool) -> web.StreamResponse:
 
     loop = asyncio.get_running_loop()
     job = PrefillJob(f"room-{req.room}", work, ("", 0), loop.create_future(), resolve=resolve)
-    job.queued_at = arrival = state.clock.now()
+    job.queued_at = state.clock.now()
     entry: dict[str, Any] = {
         "side": "prefill",
         "instance": state.spec.id,

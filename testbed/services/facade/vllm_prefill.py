@@ -88,6 +88,7 @@ async def prefill_half(request: web.Request, chat: bool) -> web.StreamResponse:
     fac = request.app[FACADE]
     state = fac.state
     spec = state.spec
+    arrival = state.clock.now()  # before sizing the prompt (the job queues after it)
     body = await json_body(request, error=openai_error)
     req = await parse_request(body, chat=chat, max_output_tokens=1 << 30, model=spec.model,
                               meeting=vllm_prefill_meeting)  # fmt: skip
@@ -122,7 +123,7 @@ async def prefill_half(request: web.Request, chat: bool) -> web.StreamResponse:
         "room": room.number,
         "request": req.label,
         "input_tokens": req.input_tokens,
-        "arrival": job.queued_at,
+        "arrival": arrival,
         "router_id": request.headers.get("X-Request-Id", "")[:_ROUTER_ID_CHARS] or None,
     }
     job.result.add_done_callback(_ended(fac, room, entry, released))

@@ -228,3 +228,37 @@ async def test_only_the_deployments_decode_instances_may_register(fleet: Fleet) 
     body = {"wire_id": "w" * 24, "decode": "someone-else", "expected_wire_bytes": 10}
     resp = await fleet.prefill[0].post("/bootstrap/15", json=body)
     assert resp.status == 403
+
+
+SIZING_S = 0.02
+"""Wall seconds a test makes prompt sizing take (4 real-world seconds at SCALE's time_scale)."""
+
+
+def _slow_sizing(monkeypatch: pytest.MonkeyPatch, module: Any) -> None:
+    parse = module.parse_request
+
+    async def slow(*args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(SIZING_S)  # a long text prompt in the tokenizer pool
+        return await parse(*args, **kwargs)
+
+    monkeypatch.setattr(module, "parse_request", slow)
+
+
+async def test_an_attempt_arrives_before_its_prompt_is_sized(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server's TTFT counts from the request's arrival, tokenizing included (an outside
+    client's record is built from these times: `testbed up --router`)."""
+    from testbed.services.facade import decode_half, sglang_prefill
+
+    _slow_sizing(monkeypatch, decode_half)
+    _slow_sizing(monkeypatch, sglang_prefill)
+    p, d = _pairs(fixture("round_robin"))[0]
+    async with asyncio.timeout(60):
+        _, _, dr, dbody, _ = await _gateway(fleet, p, d, 0)
+    assert dr.status == 200, dbody
+    sized = SIZING_S * SCALE["time_scale"]
+    (dec,) = [a for c in fleet.decode for a in await _attempts(c)]
+    (pre,) = [a for c in fleet.prefill for a in await _attempts(c)]
+    assert dec["first_token"] - dec["arrival"] >= sized
+    assert pre["prefill_start"] - pre["arrival"] >= sized

@@ -19,7 +19,7 @@ from testbed.services.decode import STATE as DECODE_STATE
 from testbed.services.facade.render import token_ids
 from testbed.services.facade.rooms import FACADE as PREFILL_FACADE
 from testbed.services.tokenizer import codec
-from tests.services.facade.fleet import Fleet, attempts, make_fleet
+from tests.services.facade.fleet import SCALE, Fleet, attempts, make_fleet
 from tests.services.facade.fleet import fixture as _fixture
 
 
@@ -253,3 +253,23 @@ async def test_a_prefill_the_router_closes_is_released(fleet: Fleet) -> None:
             await asyncio.sleep(0.05)
     (attempt,) = await attempts(pc)
     assert attempt["outcome"] == "released" and "router closed" in attempt["reason"]
+
+
+async def test_a_prefill_attempt_arrives_before_its_prompt_is_sized(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prefill's record counts from the request's arrival, tokenizing included."""
+    from testbed.services.facade import vllm_prefill
+
+    parse = vllm_prefill.parse_request
+
+    async def slow(*args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0.02)  # a long text prompt in the tokenizer pool
+        return await parse(*args, **kwargs)
+
+    monkeypatch.setattr(vllm_prefill, "parse_request", slow)
+    p, d = _pairs(fixture("round_robin"))[0]
+    async with asyncio.timeout(60):
+        await _router(fleet, p, d, 0)
+    (pre,) = [a for c in fleet.prefill for a in await attempts(c)]
+    assert pre["prefill_start"] - pre["arrival"] >= 0.02 * SCALE["time_scale"]
