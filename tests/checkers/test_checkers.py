@@ -250,7 +250,6 @@ def test_cli_prints_a_vacuous_check_and_exits_0(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from testbed import cli
-    from testbed.cli import run as run_cli
     from testbed.scenario.plan import RunResult
 
     async def fake_run(rp: object, opts: object, progress: object = None) -> RunResult:
@@ -264,7 +263,7 @@ def test_cli_prints_a_vacuous_check_and_exits_0(
                   for c in summary["checks"]]  # fmt: skip
         return RunResult(out, [], [], summary, checks)
 
-    monkeypatch.setattr(run_cli, "run_scenario", fake_run)
+    monkeypatch.setattr("testbed.scenario.runner.run_scenario", fake_run)  # imported per live run
     rc = cli.main(["run", str(ROOT / "scenarios" / "partition.yaml"), "--quiet", "--out",
                    str(tmp_path / "cli")])  # fmt: skip
     printed = capsys.readouterr().out

@@ -41,7 +41,7 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[RunPlan, RunOptions]]:
             progress(Progress("running", submitted=1, planned=1, workload_s=1, duration_s=2))
         return RunResult(opts.out_dir, [], [], {}, [])
 
-    monkeypatch.setattr(cli_run, "run_scenario", fake_run)
+    monkeypatch.setattr("testbed.scenario.runner.run_scenario", fake_run)  # imported per live run
     monkeypatch.setattr(cli_run, "to_text", lambda summary: "summary")
     return seen
 

@@ -76,7 +76,7 @@ def test_percentiles_flag_of_run_and_its_errors(
         seen.append(opts)
         return RunResult(opts.out_dir, [], [], {}, [])
 
-    monkeypatch.setattr(cli_run, "run_scenario", fake_run)
+    monkeypatch.setattr("testbed.scenario.runner.run_scenario", fake_run)  # imported per live run
     monkeypatch.setattr(cli_run, "to_text", lambda summary: "summary")
     assert main(["run", TINY, "--quiet", "--out", str(tmp_path), "--percentiles", "99,75"]) == 0
     assert seen[0].percentiles == (75.0, 99.0)
