@@ -31,6 +31,7 @@ ALLOWED_READS: dict[str, str] = {
     "config/deployment.py": "ScaleConfig.resolved copies the byte_scale next to a new time_scale",
     "engine/torch/live.py": "resolves time_scale: auto and compares a requested one with the "
     "largest the calibration allows",
+    "scenario/scorecard_router.py": "writes the router rows' scale (always 1) into the card",
 }
 """Modules that read `time_scale` without computing with it, and why."""
 

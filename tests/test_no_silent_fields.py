@@ -518,6 +518,7 @@ HS_CLI = HS + "test_cli_writes_the_table_and_prints_the_best"
 SC = "tests/scenario/test_scorecard.py::"
 SC_CLI = SC + "test_cli_writes_the_files_and_skips_what_the_sim_refuses"
 SC_FLAGS = SC + "test_cli_substrate_hindsight_and_quiet"
+SCR = "tests/scenario/test_scorecard_router.py::"
 
 FLAGS: dict[str, Tests] = {
     "testbed hindsight --substrate": HS + "test_cli_refuses_a_live_substrate",
@@ -549,6 +550,8 @@ FLAGS: dict[str, Tests] = {
     "testbed scorecard --substrate": SC_FLAGS,
     "testbed scorecard --scenarios": SC_CLI,
     "testbed scorecard --seeds": SC_CLI,
+    "testbed scorecard --router": SCR + "test_router_and_duration_reach_the_router_scorecard",
+    "testbed scorecard --duration": SCR + "test_router_and_duration_reach_the_router_scorecard",
     "testbed scorecard --no-hindsight": (SC_CLI, SC_FLAGS),
     "testbed scorecard --out": SC_CLI,
     "testbed scorecard --jobs": SC_FLAGS,
@@ -622,6 +625,9 @@ FLAGS: dict[str, Tests] = {
         "tests/scenario/test_shaper_tc.py::test_bandwidth_drop_with_the_kernel_shaper",
     ),
     "testbed run --quiet": CLI + "test_quiet_drops_the_progress_bar",
+    "testbed run --no-timeline": (
+        "tests/cli/test_cli_timeline.py::test_no_timeline_leaves_no_earlier_picture_behind"
+    ),
     "testbed run --set": CLI + "test_set_writes_fields_of_the_scenario_for_this_run",
     "testbed run --percentiles": (
         UP + "test_percentiles_flag_of_run_and_its_errors",
@@ -644,6 +650,9 @@ FLAGS: dict[str, Tests] = {
     "testbed up --time-scale": (
         UP + "test_up_runs_at_time_scale_1_with_faults_by_default",
         UP + "test_up_flags_reach_the_plan_and_the_options",
+    ),
+    "testbed up --router": (
+        "tests/scenario/test_standing_router.py::test_up_router_stands_the_router_up_at_time_scale_1"
     ),
     "testbed up --no-faults": (
         UP + "test_up_flags_reach_the_plan_and_the_options",

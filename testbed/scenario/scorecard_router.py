@@ -122,10 +122,11 @@ def short_for_router(sc: Scenario, duration_s: float) -> Scenario:
     return short_variant(fitted, scale=SCALE, duration=duration_s)
 
 
-def expected_wall_s(runs: int, duration_s: float, time_scale: float = 1.0) -> tuple[float, float]:
-    """(expected, bound) wall seconds of `runs` live runs of `duration_s` real-world seconds:
-    each its arrivals plus RUN_OVERHEAD_S, or at most its arrivals, the overhead and DRAIN_S."""
-    one = duration_s / time_scale + RUN_OVERHEAD_S
+def expected_wall_s(runs: int, duration_s: float) -> tuple[float, float]:
+    """(expected, bound) wall seconds of `runs` live runs of `duration_s` real-world seconds at
+    time_scale 1 (SCALE: real-world seconds are wall seconds): each its arrivals plus
+    RUN_OVERHEAD_S, or at most its arrivals, the overhead and DRAIN_S."""
+    one = duration_s + RUN_OVERHEAD_S
     return runs * one, runs * (one + DRAIN_S)
 
 

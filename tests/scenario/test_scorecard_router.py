@@ -238,3 +238,25 @@ def test_one_router_scenario_live(tmp_path: Path) -> None:
     assert row["decisions"]["share"] == 1.0 and row["requests"] == 16
     assert Path(row["results"], "logs", "router-vllm-router.log").is_file()
     assert (row["n_prefill"], row["n_decode"]) == (1, 3)
+
+
+def test_router_and_duration_reach_the_router_scorecard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--router` scores the router instead of a policy, `--duration` sets each run's
+    arrivals (and with them the expected time printed first)."""
+    import testbed.cli.scorecard as cli_scorecard
+
+    seen: list[tuple[str, float]] = []
+
+    def fake(router: str, **kw: Any) -> dict[str, Any]:
+        seen.append((router, kw["duration_s"]))
+        raise UserError("stop here")
+
+    monkeypatch.setattr(cli_scorecard, "run_router_scorecard", fake)
+    out = str(tmp_path / "o")
+    assert main(["scorecard", "--router", "sglang-router:round_robin", "--out", out]) == 2
+    assert main(["scorecard", "--router", "vllm-router", "--duration", "20s", "--out", out]) == 2
+    assert seen == [("sglang-router:round_robin", sr.DEFAULT_DURATION_S), ("vllm-router", 20.0)]
+    assert main(["scorecard", "--policy", "prfaas", "--duration", "20s", "--out", out]) == 2
+    assert "--duration: only with --router" in capsys.readouterr().err
