@@ -40,6 +40,7 @@ from testbed.scenario.openai_load import ClientView, PromptText, request_body, s
 from testbed.scenario.plan import Progress, RunOptions, RunPlan, RunResult
 from testbed.scenario.runner import SAMPLE_INTERVAL_S, _Run, run_scenario
 from testbed.scenario.schema import Scenario
+from testbed.services.facade.journal import VERIFIED
 from testbed.services.spec import InstanceInfo, ServiceSpec
 from testbed.workload.generate import RequestSpec
 
@@ -80,13 +81,18 @@ def _served(
     rec: RequestRecord, attempts: list[dict[str, Any]], to_load: Callable[[float], float]
 ) -> dict[str, Any] | None:
     """Fill `rec` from the decode attempt that completed it (route, instances, KV bytes and
-    verification, the prefill's times; the other decode attempts are retries); that attempt."""
+    verification, the prefill's times; the other decode attempts are retries); that attempt.
+    With none completed, the KV of the last attempt that verified its own (a stream its worker
+    died in: the client got tokens from verified KV) is still the record's; None then."""
     decodes = [a for a in attempts if a.get("side") == "decode"]
-    rec.retries = max(0, len(decodes) - 1)
+    # an attempt journals its progress (VERIFIED) and then, unless its worker died, its outcome
+    tried = {(a.get("instance"), a.get("room"), a.get("arrival")) for a in decodes}
+    rec.retries = max(0, len(tried) - 1)
     done = [a for a in decodes if a.get("outcome") == "completed"]
-    if not done:
+    proven = done or [a for a in decodes if a.get("kv_verified")]
+    if not proven:
         return None
-    a = done[-1]
+    a = proven[-1]
     rec.decode_instance = a.get("instance")
     rec.prefill_instance = a.get("prefill_instance")
     rec.route = a.get("route")
@@ -98,7 +104,7 @@ def _served(
     rec.kv_wire_bytes_sent = int(a.get("kv_wire_bytes_sent", 0))
     rec.kv_wire_bytes_received = int(a.get("kv_wire_bytes_received", 0))
     rec.kv_verified = bool(a.get("kv_verified"))
-    return a
+    return a if done else None
 
 
 def join_record(
@@ -153,6 +159,8 @@ def join_attempts(
         return rec
     last = (decodes or ordered)[-1] if ordered else {}
     reason = last.get("reason") or "no completed decode attempt"
+    if last.get("outcome") == VERIFIED:
+        reason = "its KV verified, then no outcome: the worker stopped while it answered"
     rec.failure_reason = f"{last.get('side', 'an')} attempt {last.get('outcome', '')}: {reason}"
     return rec
 
@@ -184,6 +192,8 @@ class ExternalRun(_Run):
         self.requests: dict[str, RequestSpec] = {}
         self.attempts: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.read_upto: dict[str, int] = {}
+        self.boots: dict[str, Any] = {}
+        """Each instance's journal identity when last read (facade.journal: `boot`)."""
         self.prompts = PromptText()
         self.instance_at: dict[str, str] = {}
         """host:port -> instance id, for the instances' own addresses and their control-path
@@ -279,18 +289,29 @@ class ExternalRun(_Run):
     async def _read_attempts(self, session: aiohttp.ClientSession) -> None:
         """New attempts from every instance's journal (a dead instance is skipped)."""
         for inst in self.workers:
-            after = self.read_upto.get(inst.id, 0)
             with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, KeyError):
-                async with asyncio.timeout(2):
-                    url = f"{inst.url}/facade/attempts"
-                    async with session.get(url, params={"after": after}) as resp:
-                        doc = await resp.json()
+                doc = await self._journal(session, inst)
                 for a in doc["attempts"]:
                     self.read_upto[inst.id] = max(self.read_upto.get(inst.id, 0), int(a["seq"]))
                     self._place(a)
                     if (key := attempt_key(a)) is not None:
                         self.attempts[key].append(a)
-                    self.history.append(HistoryEvent(self.clock.now(), "attempt", a))
+                    if a.get("outcome") != VERIFIED:  # progress, for the join only
+                        self.history.append(HistoryEvent(self.clock.now(), "attempt", a))
+
+    async def _journal(self, session: aiohttp.ClientSession, inst: InstanceInfo) -> Any:
+        """The instance's journal after what was read of it; from the start when the instance
+        restarted since (another `boot`: its new journal counts from 1 again)."""
+        url = f"{inst.url}/facade/attempts"
+        for _ in range(2):
+            after = self.read_upto.get(inst.id, 0)
+            async with asyncio.timeout(2), session.get(url, params={"after": after}) as resp:
+                doc = await resp.json()
+            if doc.get("boot") == self.boots.setdefault(inst.id, doc.get("boot")):
+                return doc
+            self.boots[inst.id] = doc.get("boot")
+            self.read_upto[inst.id] = 0
+        return doc
 
     def _place(self, attempt: dict[str, Any]) -> None:
         """An attempt's arrival on the load's clock (`at`, the nemesis' clock too), and for a

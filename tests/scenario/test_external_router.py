@@ -196,3 +196,59 @@ def test_prompt_text_shares_blocks_by_hash_id() -> None:
     b = text.prompt(RequestSpec("b", 0.0, 600, 4, (7, 5)))
     assert a[: len(text.block(7, 512))] == b[: len(text.block(7, 512))]
     assert a != b and len(text.words[0]) > 1
+
+
+def test_a_stream_its_worker_died_in_keeps_the_kv_it_verified() -> None:
+    """A decode killed while it streams journals no outcome; its progress entry (journaled
+    when its KV was verified, before the status line) still proves the tokens the client got
+    came from verified KV, and is one attempt with the outcome that may follow it."""
+    from testbed.services.facade.journal import VERIFIED
+
+    req = RequestSpec("r1", 1.0, 1000, 16)
+    kv = {"kv_wire_bytes_expected": 5, "kv_wire_bytes_sent": 5, "kv_wire_bytes_received": 5,
+          "kv_verified": True, "route": "prfaas", "cluster": "local"}  # fmt: skip
+    verified = {"side": "decode", "outcome": VERIFIED, "instance": "local-decode-0", "room": 3,
+                "arrival": 5.0, **kv}  # fmt: skip
+    broken = ClientView(sent=1.0, first_token=1.5, tokens=3, error="ClientPayloadError: ...")
+    rec = join_record(req, broken, [verified], lambda t: t)
+    assert (rec.status, rec.failure_reason, rec.retries) == ("failed", broken.error, 0)
+    assert rec.kv_verified and rec.tokens_out == 3 and rec.kv_wire_bytes_received == 5
+    done = {**verified, "outcome": "completed"}
+    view = ClientView(sent=1.0, first_token=1.5, last_token=2.0, tokens=16)
+    rec = join_record(req, view, [verified, done], lambda t: t)
+    assert (rec.status, rec.retries, rec.kv_verified) == ("completed", 0, True)
+
+
+async def test_a_restarted_workers_journal_is_read_from_its_start() -> None:
+    """A restarted decode's journal counts from 1 again: the runner, which asks for entries
+    after the last it read, sees another `boot` and reads the new journal from its start."""
+    from types import SimpleNamespace
+
+    import aiohttp
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from testbed.services.facade.journal import AttemptJournal, attempts_handler
+
+    first, second = AttemptJournal(), AttemptJournal()
+    for i in range(3):
+        first.add("completed", request=f"r{i}")
+    second.add("completed", request="after-restart")
+    serving = {"journal": first}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await attempts_handler(serving["journal"])(request)
+
+    app = web.Application()
+    app.router.add_get("/facade/attempts", handler)
+    async with TestServer(app, host="127.0.0.1") as server, aiohttp.ClientSession() as session:
+        inst = InstanceInfo(id="local-decode-0", cluster="local", role="decode",
+                            url=str(server.make_url("")).rstrip("/"))  # fmt: skip
+        run = SimpleNamespace(read_upto={}, boots={})
+        doc = await external_run.ExternalRun._journal(run, session, inst)  # type: ignore[arg-type]
+        assert [a["request"] for a in doc["attempts"]] == ["r0", "r1", "r2"]
+        run.read_upto[inst.id] = 3
+        serving["journal"] = second  # the worker was killed and restarted
+        doc = await external_run.ExternalRun._journal(run, session, inst)  # type: ignore[arg-type]
+        assert [a["request"] for a in doc["attempts"]] == ["after-restart"]
+        assert run.read_upto[inst.id] == 0 and run.boots[inst.id] == second.boot

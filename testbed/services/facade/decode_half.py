@@ -191,6 +191,8 @@ async def _stream(
         nonlocal sent
         if line.get("admitted"):
             entry["kv_verified"] = bool(line.get("kv_verified"))
+            if entry["kv_verified"]:  # before the status line: a worker dying later keeps it
+                fac.journal.progress(**entry)
             if req.stream:
                 await resp.prepare(request)
         elif "tokens" in line:

@@ -11,14 +11,19 @@ what it had not yet been asked for) and joins them with what the client saw.
 from __future__ import annotations
 
 import collections
+import secrets
 from typing import Any, Final
 
 from aiohttp import web
 
-__all__ = ["MAX_ATTEMPTS", "AttemptJournal", "attempts_handler"]
+__all__ = ["MAX_ATTEMPTS", "VERIFIED", "AttemptJournal", "attempts_handler"]
 
 MAX_ATTEMPTS: Final = 100_000
 """Attempts a half keeps for the runner (it reads them every quarter second)."""
+VERIFIED: Final = "verified"
+"""A decode attempt's progress entry, journaled when its KV is verified and before it answers:
+an attempt whose worker dies while it streams ends with no outcome, and without this entry its
+record would not show that the tokens its client got came from verified KV."""
 
 
 class AttemptJournal:
@@ -27,6 +32,9 @@ class AttemptJournal:
     def __init__(self, limit: int = MAX_ATTEMPTS) -> None:
         self.entries: collections.deque[dict[str, Any]] = collections.deque(maxlen=limit)
         self.seq = 0
+        self.boot = secrets.token_hex(8)
+        """This journal's identity: a restarted worker's journal counts from 1 again, and a
+        reader that sees another boot reads it from the start."""
         self.outcomes: collections.Counter[str] = collections.Counter()
         """Attempts by outcome (completed, failed, released), for /stats."""
 
@@ -34,6 +42,11 @@ class AttemptJournal:
         self.seq += 1
         self.outcomes[outcome] += 1
         self.entries.append({"seq": self.seq, "outcome": outcome, **doc})
+
+    def progress(self, **doc: Any) -> None:
+        """A VERIFIED entry (not an outcome: the attempt journals its outcome when it ends)."""
+        self.seq += 1
+        self.entries.append({"seq": self.seq, "outcome": VERIFIED, **doc})
 
     def after(self, seq: int) -> list[dict[str, Any]]:
         return [e for e in self.entries if e["seq"] > seq]
@@ -45,6 +58,8 @@ def attempts_handler(journal: AttemptJournal) -> Any:
             after = int(request.query.get("after", "0"))
         except ValueError:
             raise web.HTTPBadRequest(text='{"error": "after must be an integer"}') from None
-        return web.json_response({"seq": journal.seq, "attempts": journal.after(after)})
+        return web.json_response(
+            {"seq": journal.seq, "boot": journal.boot, "attempts": journal.after(after)}
+        )
 
     return handler

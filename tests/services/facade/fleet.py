@@ -14,6 +14,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from testbed.services.decode import create_app as decode_app
+from testbed.services.facade.journal import VERIFIED
 from testbed.services.prefill import create_app as prefill_app
 from testbed.services.spec import InstanceInfo, ServiceSpec
 
@@ -76,5 +77,8 @@ async def make_fleet(
             await c.close()
 
 
-async def attempts(client: TestClient) -> list[dict[str, Any]]:
-    return list((await (await client.get("/facade/attempts")).json())["attempts"])
+async def attempts(client: TestClient, progress: bool = False) -> list[dict[str, Any]]:
+    """The worker's journaled attempts: their outcomes, with `progress` the decode halves'
+    VERIFIED entries too."""
+    doc = await (await client.get("/facade/attempts")).json()
+    return [a for a in doc["attempts"] if progress or a["outcome"] != VERIFIED]

@@ -91,6 +91,11 @@ async def test_recorded_requests_are_prefilled_moved_verified_and_decoded(
             assert doc["choices"][0]["finish_reason"] == "length"
     done = [a for c in fleet.decode for a in await _attempts(c)]
     assert [a["outcome"] for a in done] == ["completed"] * 4
+    # each journaled its verified KV before it answered (a worker dying mid-stream keeps it)
+    seen = [(a["outcome"], a["room"]) for c in fleet.decode for a in await _attempts(c, True)]
+    assert sorted(seen) == sorted(
+        [("verified", a["room"]) for a in done] + [("completed", a["room"]) for a in done]
+    )
     for a in done:
         assert a["kv_verified"] is True
         assert a["kv_wire_bytes_expected"] == a["kv_wire_bytes_sent"] == a["kv_wire_bytes_received"]
