@@ -1,7 +1,8 @@
 """What a scenario checker is: a config model, one function, and the registry that holds them.
 
 A checker is one function `(config, run) -> CheckResult` registered with the pydantic model of
-its `checkers:` entry by the `@checker(Model)` decorator, one file each in this package. The
+its `checkers:` entry by the `@checker(Model)` decorator, one file each in this package (the
+built-in invariants, testbed.checkers.invariants, are called the same way). The
 model narrows `check` to its `Literal[...]` names (the tag of the scenario's union; one model may
 answer to several, as ttft/tpot/e2e do) and may say, through `problems`, what makes it
 unanswerable for a given timeline and duration, which `checkers_fit` refuses before the run.
@@ -56,13 +57,18 @@ class TokenReference(Protocol):
 
 @dataclass(frozen=True)
 class CheckInput:
-    """What a run offers every checker: its records and history, and how many requests it
-    submitted; `reference` for the torch engine's `token_exact`."""
+    """What a run offers every checker, the built-in invariants included: its records and
+    history, and how many requests it submitted; `reference` for the torch engine's
+    `token_exact`; the submitted ids, the load generator's planned count (None: not counted) and
+    the byte scale for the invariants (testbed.checkers.invariants)."""
 
     records: Sequence[RequestRecord]
     history: Sequence[HistoryEvent]
     submitted: int
     reference: TokenReference | None = None
+    submitted_ids: Sequence[str] = ()
+    planned: int | None = None
+    byte_scale: float = 1.0
 
 
 def _known_action(name: str) -> str:
@@ -83,6 +89,11 @@ class CheckerConfig(StrictModel):
 
     check: str
     """Narrowed by every checker's model to its `Literal[...]` names: the union's tag."""
+
+    def applies(self, run: CheckInput) -> bool:
+        """Whether this check has a verdict to give for `run` (an invariant about the load
+        generator's count needs one); True by default."""
+        return True
 
     def problems(self, nemesis: Sequence[NemesisEvent], duration_s: float) -> list[str]:
         """Why this check could only be vacuous, or fail for a reason unrelated to the service,

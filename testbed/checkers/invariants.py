@@ -9,18 +9,27 @@
   requests that later failed.
 - generator_count (when the runner passes the load generator's planned count): every request
   the generator planned was submitted (requests never submitted are only allowed on Ctrl-C).
+
+Each is a checker like a scenario's (testbed.checkers.base): a model and a function
+`(config, run: CheckInput) -> CheckResult`, listed in `INVARIANTS` in the order the report shows
+them, and not in the `CHECKERS` registry (a scenario cannot list or leave out an invariant). The
+`check_*` functions below hold the logic with plain arguments, for tests and other callers.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any, Literal
 
+from testbed.checkers.base import Checker, CheckerConfig, CheckInput
 from testbed.checkers.result import CheckResult, show_ids, vacuous
 from testbed.metrics.records import RequestRecord
 from testbed.units import format_size
 
 __all__ = [
+    "INVARIANTS",
+    "Invariant",
     "check_generator_count",
     "check_kv_accounted",
     "check_no_unverified_decode",
@@ -133,3 +142,54 @@ def check_generator_count(planned: int, submitted_ids: Sequence[str]) -> CheckRe
     return CheckResult(
         "generator_count", ok, f"{planned} planned by the load generator, {n} submitted"
     )
+
+
+# ----------------------------------------------------------------- the checker calling convention
+
+
+class Invariant(CheckerConfig):
+    """A built-in invariant's model: no settings, its name in `check`."""
+
+
+class NothingLost(Invariant):
+    check: Literal["nothing_lost"] = "nothing_lost"
+
+
+class KvAccounted(Invariant):
+    check: Literal["kv_accounted"] = "kv_accounted"
+
+
+class NoUnverifiedDecode(Invariant):
+    check: Literal["no_unverified_decode"] = "no_unverified_decode"
+
+
+class GeneratorCount(Invariant):
+    check: Literal["generator_count"] = "generator_count"
+
+    def applies(self, run: CheckInput) -> bool:
+        return run.planned is not None  # only when the runner knows the generator's count
+
+
+def _nothing_lost(cfg: NothingLost, run: CheckInput) -> CheckResult:
+    return check_nothing_lost(run.records, run.submitted_ids)
+
+
+def _kv_accounted(cfg: KvAccounted, run: CheckInput) -> CheckResult:
+    return check_kv_accounted(run.records, run.byte_scale)
+
+
+def _no_unverified_decode(cfg: NoUnverifiedDecode, run: CheckInput) -> CheckResult:
+    return check_no_unverified_decode(run.records)
+
+
+def _generator_count(cfg: GeneratorCount, run: CheckInput) -> CheckResult:
+    return check_generator_count(run.planned or 0, run.submitted_ids)
+
+
+INVARIANTS: tuple[Checker[Any], ...] = (
+    Checker(NothingLost, _nothing_lost),
+    Checker(KvAccounted, _kv_accounted),
+    Checker(NoUnverifiedDecode, _no_unverified_decode),
+    Checker(GeneratorCount, _generator_count),
+)
+"""The invariants every run is checked against, in the report's order."""

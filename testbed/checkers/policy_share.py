@@ -20,6 +20,11 @@ arrival stands for the time its decision was asked: it is asked on arrival, and 
 a failed attempt comes within seconds of it. Vacuous when no decision is left to judge.
 
 The scorecard (testbed.metrics.scorecard) reads each run's share with `policy_share` too.
+
+```yaml
+checkers:
+  - {check: policy_share, min: 0.95, settle: 5s}
+```
 """
 
 from __future__ import annotations

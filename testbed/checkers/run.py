@@ -6,12 +6,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from testbed.checkers.base import CHECKERS, CheckerConfig, CheckInput, TokenReference
-from testbed.checkers.invariants import (
-    check_generator_count,
-    check_kv_accounted,
-    check_no_unverified_decode,
-    check_nothing_lost,
-)
+from testbed.checkers.invariants import INVARIANTS
 from testbed.checkers.result import CheckResult
 from testbed.errors import UserError
 from testbed.metrics.records import HistoryEvent, RequestRecord
@@ -69,14 +64,16 @@ def run_checkers(
     reference: TokenReference | None = None,
     byte_scale: float = 1.0,
 ) -> list[CheckResult]:
-    """The built-in checkers, in a fixed order, then the scenario's own in its order; byte totals
-    in their messages are real-world (wire bytes x `byte_scale`), as in the report."""
-    out = [
-        check_nothing_lost(records, submitted_ids),
-        check_kv_accounted(records, byte_scale),
-        check_no_unverified_decode(records),
-    ]
-    if planned is not None:
-        out.append(check_generator_count(planned, submitted_ids))
-    out += [run_checker(c, records, history, len(submitted_ids), reference) for c in configs]
+    """The built-in invariants, in a fixed order, then the scenario's own checkers in its order,
+    each called as `(config, run)`; byte totals in their messages are real-world (wire bytes x
+    `byte_scale`), as in the report."""
+    run = CheckInput(
+        records, history, len(submitted_ids), reference, submitted_ids, planned, byte_scale
+    )
+    out = []
+    for inv in INVARIANTS:
+        cfg = inv.config()
+        if cfg.applies(run):
+            out.append(inv.run(cfg, run))
+    out += [CHECKERS[c.check].run(c, run) for c in configs if c.applies(run)]
     return out

@@ -21,14 +21,18 @@ from testbed.checkers import (
     check_reroute,
     check_throughput,
     run_checker,
+    run_checkers,
 )
 from testbed.checkers.failures import FailuresCheck
+from testbed.checkers.invariants import INVARIANTS, Invariant
 from testbed.checkers.latency import LatencyCheck
 from testbed.checkers.recover import RecoverCheck
 from testbed.checkers.reroute import RerouteCheck
 from testbed.checkers.throughput import ThroughputCheck
 from testbed.metrics.records import HistoryEvent, RequestRecord
 
+# the names of the old `CheckName` literal; checkers added since need not be listed here (what
+# every entry keeps is a property of the registry: tests/test_registry_entries.py)
 OLD_NAMES = {"ttft", "tpot", "e2e", "reroute", "recover", "failures", "token_exact", "throughput"}
 
 
@@ -51,7 +55,7 @@ def test_every_checker_model_of_the_package_is_registered_under_its_names() -> N
         for info in pkgutil.iter_modules(testbed.checkers.__path__, "testbed.checkers.")
         for v in vars(importlib.import_module(info.name)).values()
         if isinstance(v, type) and issubclass(v, CheckerConfig) and v is not CheckerConfig
-        and v.__module__ == info.name
+        and v.__module__ == info.name and not issubclass(v, Invariant)
     }  # fmt: skip
     assert models == {entry.config for entry in CHECKERS.entries()}
     for entry in CHECKERS.entries():
@@ -122,3 +126,18 @@ def test_a_taken_name_or_a_model_that_is_no_checker_config_is_refused() -> None:
     with pytest.raises(TypeError, match="must derive from CheckerConfig"):
         CHECKERS.register(Checker(_NotAConfig, _fn))
     assert CHECKERS["ttft"].config is LatencyCheck
+
+
+def test_the_invariants_are_checkers_called_as_registered_ones_are() -> None:
+    """One calling convention: `run_checkers` calls each invariant as `(config, run)`, as it
+    calls a registered checker; the invariants stay out of the registry (a scenario cannot list
+    or drop them) and `generator_count` only applies when the planned count is known."""
+    names = [inv.config().check for inv in INVARIANTS]
+    assert names == ["nothing_lost", "kv_accounted", "no_unverified_decode", "generator_count"]
+    assert not set(names) & set(CHECKERS)
+    records = _records()
+    ids = [r.id for r in records]
+    run = CheckInput(records, HISTORY, len(ids), submitted_ids=ids, planned=40)
+    direct = [inv.run(inv.config(), run) for inv in INVARIANTS]
+    assert run_checkers(records, ids, history=HISTORY, planned=40) == direct
+    assert [c.name for c in run_checkers(records, ids)] == names[:3]
