@@ -23,12 +23,12 @@ from pathlib import Path
 __all__ = ["LAYERS", "Violation", "check", "main"]
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "units", "clock", "lifeline", "serving", "devtools", "registry"),
+    ("errors", "units", "clock", "lifeline", "serving", "devtools", "registry", "substrates"),
     ("profiles", "transfer"),
     ("config",),
     ("workload", "planner", "policy", "kvcache"),
     ("metrics", "checkers", "nemesis"),
-    ("engine", "link", "scheduler"),
+    ("engine", "link", "scheduler", "dispatch"),
     ("services",),
     ("substrate", "sim"),
     ("scenario", "verify"),

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from testbed.services.dispatch_rules import REGISTER_TIMEOUT_S
+from testbed.dispatch.rules import REGISTER_TIMEOUT_S
 from testbed.services.validate import str_field
 from testbed.transfer.reassembly import ReceiverFull
 from testbed.transfer.receiver import KVReceiver

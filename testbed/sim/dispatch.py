@@ -1,14 +1,9 @@
-"""The router's dispatch on the sim: route with the policy, run the attempt on the modelled
-instances and link, retry what failed elsewhere, and fill the request's record.
-
-It follows services.router.dispatch (their shared constants: services.dispatch_rules): up to
-MAX_ATTEMPTS attempts; an instance that did not answer is marked down and avoided, a KV transfer
-that could not cross the link sends the next attempt to local prefill (`prfaas` excluded), a
-prefill that failed locally makes the next attempt avoid its decode instance; with no instance to
-route to, a request waits up to NO_ROUTE_WAIT_S for one to come back. Records carry the same
-fields and reasons as live ones. The prefix cache (kvcache.manager) is the live router's: lookups
-before routing, `plan_request` for what is computed and sent, inserts after a prefill, pulls
-across the link as flows.
+"""The router's dispatch on the sim: the dispatch core (testbed.dispatch.core) driven by the
+virtual loop. The core owns the rules the live router (services.router.dispatch) follows too:
+attempts and what a failure excludes, the reasons and their join, the no-route wait, the routed
+length, the cache plan and the record's fields. This module runs the attempt on the modelled
+instances and link, and turns what happens to them (a kill, a pause, a failed flow) into the
+core's `Failure`s.
 
 An attempt is a chain of callbacks on the virtual loop (prefill queued -> started -> ended ->
 KV delivered -> admitted -> tokens done), not a coroutine: the sim spends its time on events.
@@ -19,23 +14,28 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from testbed.clock import Clock
-from testbed.kvcache.manager import CacheLookup, CachePlan, KVCacheManager, plan_request
+from testbed.dispatch import core
+from testbed.dispatch.core import Failure, RequestDispatch
+from testbed.dispatch.rules import NO_ROUTE_WAIT_S, REGISTER_TIMEOUT_S
+from testbed.kvcache.manager import CacheLookup, CachePlan, KVCacheManager
 from testbed.kvcache.pool import ChainKeys
 from testbed.metrics.records import RequestRecord
-from testbed.policy.base import RequestView, Route
+from testbed.policy.base import Route
 from testbed.policy.decider import Decider
 from testbed.profiles import ModelProfile
 from testbed.scheduler.loops import ControlLoops
-from testbed.services.dispatch_rules import MAX_ATTEMPTS, NO_ROUTE_WAIT_S, REGISTER_TIMEOUT_S
 from testbed.sim.cluster import SimCluster, SimInstance
 from testbed.sim.instances import PrefillJob, Slot
 from testbed.sim.link import Flow
 from testbed.workload.generate import RequestSpec
 
 __all__ = ["Attempt", "SimDispatcher", "wire_kv_bytes"]
+
+CONNECT_ERROR = "ClientConnectorError"
+"""What the live router's call to a dead or absent instance raises (services.router.workers)."""
 
 
 def wire_kv_bytes(model: ModelProfile, tokens: int, byte_scale: float) -> int:
@@ -84,14 +84,15 @@ class Attempt:
 @dataclass(eq=False)
 class SimRequest:
     spec: RequestSpec
-    rec: RequestRecord
+    core: RequestDispatch
+    """Its attempts, exclusions and reasons (the rules shared with the live router)."""
     keys: ChainKeys
     """The prompt's prefix-cache chain keys, hashed once for every lookup and insert."""
-    attempt: int = 0
-    exclude: set[str] = field(default_factory=set)
-    reasons: list[str] = field(default_factory=list)
     current: Attempt | None = None
-    route_deadline: float | None = None
+
+    @property
+    def rec(self) -> RequestRecord:
+        return self.core.rec
 
 
 class SimDispatcher:
@@ -139,7 +140,8 @@ class SimDispatcher:
             output_tokens=spec.output_tokens,
             arrival=self.loop.time(),
         )
-        req = SimRequest(spec, rec, ChainKeys(spec.hash_ids))
+        dispatch = RequestDispatch(rec, self.cluster.mark_down)
+        req = SimRequest(spec, dispatch, ChainKeys(spec.hash_ids))
         self.in_flight[spec.id] = req
         self._try(req)
 
@@ -152,10 +154,7 @@ class SimDispatcher:
 
     def _finish(self, req: SimRequest, failure: str | None) -> None:
         rec = req.rec
-        if failure is None:
-            rec.status = "completed"
-        else:
-            rec.status, rec.failure_reason = "failed", failure
+        core.finish(rec, failure)
         self.in_flight.pop(rec.id, None)
         self.on_record(rec)
         self.decider.on_record(rec)
@@ -166,84 +165,51 @@ class SimDispatcher:
             n = self._sizes[kv_tokens] = wire_kv_bytes(self.model, kv_tokens, self.byte_scale)
         return n
 
-    def _routed_length(self, view: RequestView) -> int:
-        """As RouterState._routed_length: the prompt for cache-blind policies, the part no
-        usable cache holds for cache-aware ones (what the scheduler's planner is fed)."""
-        if not self.policy.cache_aware:
-            return view.input_tokens
-        scarce = self.cluster.state.scarce
-        cached = view.cached_local if scarce else max(view.cached_local, view.cached_prfaas)
-        return max(1, view.input_tokens - cached)
-
     # ------------------------------------------------------------------ one attempt
 
     def _try(self, req: SimRequest) -> None:
         rec = req.rec
         look = self.cache.lookup(req.keys, rec.input_tokens) if self.cache else CacheLookup()
-        view = RequestView(
-            rec.id, rec.input_tokens, rec.output_tokens, look.local, look.prfaas,
-            self.cluster.model.kv_bytes(rec.input_tokens),
-        )  # fmt: skip
-        if self.control is not None and req.attempt == 0 and req.route_deadline is None:
-            self.control.observe(rec.arrival, self._routed_length(view))
+        view = core.request_view(rec, look, self.model)
+        if self.control is not None and req.core.observe_once():
+            routed = core.routed_length(view, self.policy.cache_aware, self.cluster.state.scarce)
+            self.control.observe(rec.arrival, routed)
         try:
-            decision = self.decider.decide(view, self.cluster.snapshot(frozenset(req.exclude)))
+            decision = self.decider.decide(view, self.cluster.snapshot(req.core.avoiding))
         except (LookupError, ValueError) as exc:
-            now = self.loop.time()
-            if req.route_deadline is None:
-                req.route_deadline = now + self.no_route_wait
-            if now >= req.route_deadline:
-                self._request_failed(req, f"no route: {exc}")
+            final = req.core.no_route(exc, self.loop.time(), self.no_route_wait)
+            if final is not None:
+                self._finish(req, req.core.fail(final))
                 return
-            healthy = self.cluster.healthy
-            req.exclude = {
-                x for x in req.exclude if x in ("prfaas", "local") or not healthy.get(x, True)
-            }
-            self.loop.call_later(self.no_route_poll, self._try, req)
+            self.loop.call_later(self.no_route_poll, self._ask_again, req)
             return
-        req.route_deadline = None
+        req.core.routed()
         decision.write(rec, wall=False)  # wall times would make requests.jsonl differ per run
         self.decision_walls.append(decision.wall_s)
         self._dispatch(req, decision.route, look)
+
+    def _ask_again(self, req: SimRequest) -> None:
+        req.core.forgive(self.cluster.healthy)
+        self._try(req)
 
     def _dispatch(self, req: SimRequest, route: Route, look: CacheLookup) -> None:
         rec = req.rec
         prefill = self.cluster.instances[route.prefill_instance]
         decode = self.cluster.instances[route.decode_instance]
-        rec.route = route.prefill_cluster
-        rec.prefill_instance, rec.decode_instance = prefill.id, decode.id
-        plan = self._cache_plan(req, route, look)
-        if plan is None:
-            return  # a prefix pull is under way; it dispatches when it ends
-        self._run(req, route, prefill, decode, plan)
-
-    def _cache_plan(self, req: SimRequest, route: Route, look: CacheLookup) -> CachePlan | None:
-        rec = req.rec
-        if self.cache is None:
-            n = route.uncached_tokens
-            return CachePlan(n, rec.input_tokens - n, n)
-        rec.cached_local, rec.cached_prfaas = look.local, look.prfaas
-        cluster = route.prefill_cluster
-        plan = plan_request(rec.input_tokens, look, cluster, route.pull_prefix_tokens)
-        if not plan.pull_tokens:
-            return plan
-        rec.pull_tokens = plan.pull_tokens
+        core.begin_attempt(rec, route, prefill.id, decode.id)
         link = self.cluster.link
-        source = None
-        if plan.pull_from == "prfaas" and "prfaas" not in req.exclude and link is not None:
-            senders = [
-                i for i in self.cluster.snapshot(frozenset(req.exclude)).instances
-                if i.cluster == "prfaas" and i.role == "prefill" and i.state == "ok"
-            ]  # fmt: skip
-            if senders:
-                source = min(senders, key=lambda i: (i.outstanding, i.id)).id
+        plan, source = core.cache_plan(
+            rec,
+            route,
+            look,
+            cache_on=self.cache is not None,
+            avoiding=req.core.avoiding,
+            snapshot=self.cluster.snapshot,
+            has_link=link is not None,
+        )
         if source is None or link is None:
-            rec.pull_status = (
-                "skipped: no KV path from the local cluster to PrfaaS"
-                if plan.pull_from == "local"
-                else "skipped: no PrfaaS instance or link to pull from"
-            )
-            return plan_request(rec.input_tokens, look, cluster, 0)
+            self._run(req, route, prefill, decode, plan)
+            return
         started = self.loop.time()
         wire = self._kv_wire_bytes(plan.pull_tokens)
         rec.pull_wire_bytes += wire
@@ -251,20 +217,21 @@ class SimDispatcher:
         def pulled(at: float) -> None:
             def go() -> None:
                 rec.pull_s, rec.pull_status = self.loop.time() - started, "ok"
-                assert self.cache is not None
-                self.cache.insert(cluster, req.keys, plan.reused_tokens)
-                self._after_pull(req, route, plan)
+                self._after_pull(req, route, look, plan, True)
 
             self.loop.call_at(at, go)
 
         def failed(reason: str) -> None:
             rec.pull_s, rec.pull_status = self.loop.time() - started, f"failed: {reason}"
-            self._after_pull(req, route, plan_request(rec.input_tokens, look, cluster, 0))
+            self._after_pull(req, route, look, plan, False)
 
         link.start(Flow(wire * self.byte_scale, pulled, failed, sender=source))
-        return None
 
-    def _after_pull(self, req: SimRequest, route: Route, plan: CachePlan) -> None:
+    def _after_pull(
+        self, req: SimRequest, route: Route, look: CacheLookup, plan: CachePlan, ok: bool
+    ) -> None:
+        assert self.cache is not None
+        plan = core.pull_done(req.rec, route, look, plan, self.cache, req.keys, ok)
         inst = self.cluster.instances
         self._run(req, route, inst[route.prefill_instance], inst[route.decode_instance], plan)
 
@@ -277,34 +244,21 @@ class SimDispatcher:
         plan: CachePlan,
     ) -> None:
         rec = req.rec
-        rec.cached_tokens = plan.reused_tokens
-        rec.threshold_tokens = route.threshold_tokens
-        rec.cross_dc = prefill.cluster != decode.cluster
         wire = self._kv_wire_bytes(plan.kv_tokens)
-        rec.kv_wire_bytes_expected = wire
-        rec.kv_wire_bytes_sent = rec.kv_wire_bytes_received = 0
-        if rec.tokens_out == 0:
-            rec.kv_verified = False
+        core.start_attempt(rec, route, prefill.cluster != decode.cluster, plan, wire)
         att = Attempt(req, prefill, decode, plan, wire, rec.cross_dc)
         req.current = att
         self.cluster.charge(prefill.id, plan.prefill_tokens, decode.id, rec.output_tokens, +1)
         if not decode.alive or decode.decode is None:
-            self._attempt_failed(att, f"decode on {decode.id} lost (ClientConnectorError)",
-                                 dead=decode.id)  # fmt: skip
+            self._attempt_failed(att, Failure.decode_lost(decode.id, CONNECT_ERROR))
             return
         if decode.paused:
             att.timer = self.loop.call_later(
-                self.register_timeout,
-                self._attempt_failed,
-                att,
-                f"decode on {decode.id}: did not register the request within "
-                f"{REGISTER_TIMEOUT_S:g}s",
-                decode.id,
+                self.register_timeout, self._attempt_failed, att, Failure.not_registered(decode.id)
             )
             return
         if not prefill.alive or prefill.prefill is None:
-            self._attempt_failed(att, f"prefill on {prefill.id} unreachable (ClientConnectorError)",
-                                 dead=prefill.id)  # fmt: skip
+            self._attempt_failed(att, Failure.prefill_unreachable(prefill.id, CONNECT_ERROR))
             return
         att.job = PrefillJob(
             plan.prefill_tokens,
@@ -342,7 +296,8 @@ class SimDispatcher:
             return
         att.flow = None
         att.job = None  # the prefill computes on: only its transfer failed (as live)
-        self._attempt_failed(att, f"prefill on {att.prefill.id}: {reason}", link_failed=True)
+        failure = Failure.prefill_failed(att.prefill.id, reason, True, att.decode.id)
+        self._attempt_failed(att, failure)
 
     def _delivered(self, att: Attempt, at: float, ack_delay: float) -> None:
         """The KV's last byte reaches the decode instance at `at`; the prefill's answer (its
@@ -371,9 +326,7 @@ class SimDispatcher:
         rec.transfer_end = self.loop.time()
         rec.kv_wire_bytes_sent = att.wire_bytes
         self._release_prefill(att)
-        if self.cache is not None:
-            self.cache.insert(att.prefill.cluster, att.req.keys, rec.input_tokens)
-            self.cache.record_prefill(att.prefill.cluster, att.plan)
+        core.prefill_answered(self.cache, att.prefill.cluster, att.req.keys, rec, att.plan)
         if att.decoded:
             self._complete(att)
 
@@ -432,36 +385,17 @@ class SimDispatcher:
         self._release_prefill(att)
         self._release_decode(att)
 
-    def _attempt_failed(
-        self,
-        att: Attempt,
-        reason: str,
-        dead: str | None = None,
-        link_failed: bool = False,
-        suspect: str | None = None,
-    ) -> None:
+    def _attempt_failed(self, att: Attempt, failure: Failure) -> None:
         if att.over:
             return
         self._abandon(att)
         req = att.req
         req.current = None
-        req.reasons.append(reason)
-        req.attempt += 1
-        req.rec.retries = req.attempt
-        if dead is not None:
-            self.cluster.mark_down(dead)
-            req.exclude.add(dead)
-        if link_failed:
-            req.exclude.add("prfaas")
-        if suspect is not None:
-            req.exclude.add(suspect)
-        if req.attempt >= MAX_ATTEMPTS:
-            self._finish(req, "; then ".join(req.reasons))
+        final = req.core.failed(failure)
+        if final is not None:
+            self._finish(req, final)
             return
         self._try(req)
-
-    def _request_failed(self, req: SimRequest, reason: str) -> None:
-        self._finish(req, "; then ".join([*req.reasons, reason]))
 
     # ------------------------------------------------------------------ process faults
 
@@ -472,8 +406,6 @@ class SimDispatcher:
             if att is None or att.over:
                 continue
             if att.decode is inst and not att.decoded:
-                self._attempt_failed(att, f"decode on {inst.id} lost ({reason})", dead=inst.id)
+                self._attempt_failed(att, Failure.decode_lost(inst.id, reason))
             elif att.prefill is inst and att.prefill_charged:
-                self._attempt_failed(
-                    att, f"prefill on {inst.id} unreachable ({reason})", dead=inst.id
-                )
+                self._attempt_failed(att, Failure.prefill_unreachable(inst.id, reason))

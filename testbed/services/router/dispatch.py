@@ -15,27 +15,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import aiohttp
 
 from testbed.clock import LiveClock, Scale
-from testbed.kvcache.manager import CacheLookup, CachePlan, KVCacheManager, plan_request
-from testbed.metrics.prometheus import RouterMetrics
-from testbed.metrics.records import RequestRecord, TokenTimer
-from testbed.policy.base import CostModel, LinkView, RequestView, Route, Snapshot
-from testbed.policy.book import BookEntry, LoadBook
-from testbed.policy.decider import Decider, Decision
-from testbed.profiles import MODELS, ModelProfile
-from testbed.scheduler.cluster import Role, SenderCounters
-from testbed.scheduler.loops import ControlLoops
-from testbed.scheduler.state import SchedulerState
-from testbed.services.dispatch_rules import (
+from testbed.dispatch import core
+from testbed.dispatch.core import Failure, RequestDispatch
+from testbed.dispatch.rules import (
     HEALTH_INTERVAL_S,
     MAX_ATTEMPTS,
     NO_ROUTE_WAIT_S,
     REGISTER_TIMEOUT_S,
 )
+from testbed.kvcache.manager import CacheLookup, CachePlan, KVCacheManager
+from testbed.kvcache.pool import ChainKeys
+from testbed.metrics.prometheus import RouterMetrics
+from testbed.metrics.records import RequestRecord, TokenTimer
+from testbed.policy.base import RequestView, Route, Snapshot
+from testbed.policy.book import BookEntry, LoadBook
+from testbed.policy.decider import Decider, Decision
+from testbed.profiles import MODELS
+from testbed.scheduler.cluster import Role, SenderCounters
+from testbed.scheduler.loops import ControlLoops
+from testbed.scheduler.state import SchedulerState
 from testbed.services.kv_targets import deployment_targets, kv_address
 from testbed.services.pd import DECODE_PREFIX, PREFILL_PREFIX
 from testbed.services.router.engines import engine_requests
@@ -63,18 +66,6 @@ def role_view(info: InstanceInfo, role: str) -> InstanceInfo:
     return info.model_copy(update={"role": role, "url": _base_url(info) + prefix})
 
 
-def _costs(model: ModelProfile, instances: Iterable[InstanceInfo]) -> CostModel | None:
-    """The model's cost curves on the hardware each cluster runs (the first instance's: a
-    cluster is one hardware profile); None if a profile lacks a curve for it."""
-    hardware: dict[str, str] = {}
-    for i in instances:
-        if i.hardware is not None:
-            hardware.setdefault(i.cluster, i.hardware)
-    if not hardware or any(h not in model.prefill for h in hardware.values()):
-        return None
-    return CostModel.of(model, hardware)
-
-
 def _base_url(info: InstanceInfo) -> str:
     return info.url.removesuffix(PREFILL_PREFIX).removesuffix(DECODE_PREFIX)
 
@@ -99,7 +90,10 @@ class RouterState:
         self.book = LoadBook(
             (BookEntry(i.id, i.cluster, i.role, i.hardware) for i in self.instances.values()),
             self.scheduler.draining,
-            _costs(self.model, self.instances.values()),
+            core.cost_model(
+                self.model,
+                core.cluster_hardware((i.cluster, i.hardware) for i in self.instances.values()),
+            ),
         )
         """Load, queue wait and health of every instance: what the policy's snapshot reads."""
         self.outstanding = self.book.outstanding
@@ -133,8 +127,9 @@ class RouterState:
             else None
         )
         """The global KVCache manager: which cluster holds which prefix (kvcache.manager)."""
-        self.hash_ids: dict[str, tuple[int, ...]] = {}
-        """Block hash ids of the requests in flight (by request id), for the cache lookups."""
+        self.hash_ids: dict[str, ChainKeys] = {}
+        """Prefix-cache chain keys of the requests in flight (by request id), hashed once for
+        every lookup and insert."""
         self.health_interval_s = HEALTH_INTERVAL_S
         self.no_route_wait_s = NO_ROUTE_WAIT_S
         self.metrics = RouterMetrics(spec.model, spec.byte_scale)
@@ -171,19 +166,9 @@ class RouterState:
 
     def snapshot(self, exclude: frozenset[str] = frozenset()) -> Snapshot:
         """The policy's view; `exclude` names instances or clusters this request failed on."""
-        sched = self.scheduler
-        link = (
-            LinkView(
-                sched.bandwidth_estimate,
-                sched.link_in_flight,
-                sched.link_delivered,
-                self.rtt_s,
-                sched.scarce,
-            )
-            if self.has_link
-            else None
+        return core.snapshot(
+            self.book, self.scheduler, self.clock.now(), self.rtt_s, self.has_link, exclude
         )
-        return self.book.snapshot(self.clock.now(), sched.threshold, sched.scarce, link, exclude)
 
     def mark_down(self, instance: str) -> None:
         self.book.set_healthy(instance, False)
@@ -246,7 +231,7 @@ class RouterState:
             arrival=self.clock.now() if arrival is None else arrival,
         )
         if hash_ids:
-            self.hash_ids[rid] = hash_ids
+            self.hash_ids[rid] = ChainKeys(hash_ids)
         self.in_flight += 1
         self.live[rid] = rec
         timer = TokenTimer()  # inter-token gaps as the client gets them (records, /metrics)
@@ -263,13 +248,13 @@ class RouterState:
 
         try:
             await self._run(rec, timed)
-            rec.status = "completed"
+            core.finish(rec, None)
         except RequestError as exc:
-            rec.status, rec.failure_reason = "failed", str(exc)
+            core.finish(rec, str(exc))
         except ClientGone:  # seen when a token could not be written to it
-            rec.status, rec.failure_reason = "failed", CLIENT_GONE
+            core.finish(rec, CLIENT_GONE)
         except asyncio.CancelledError:  # the handler is cancelled when its client disconnects
-            rec.status, rec.failure_reason = "failed", SHUT_DOWN if self.closing else CLIENT_GONE
+            core.finish(rec, SHUT_DOWN if self.closing else CLIENT_GONE)
             raise
         finally:
             self.in_flight -= 1
@@ -283,58 +268,38 @@ class RouterState:
         return rec
 
     async def _run(self, rec: RequestRecord, on_tokens: TokenSink) -> None:
-        """Dispatch with retries: a failed attempt is re-routed, avoiding what failed.
+        """Dispatch with retries (dispatch.core.RequestDispatch): a failed attempt is re-routed,
+        avoiding what failed.
 
         A broken cross-datacenter transfer sends the next attempt to local PD-P; a dead
         instance is taken out of rotation until it answers /health again; tokens already
         streamed by a decode instance that died are not streamed twice.
         """
-        exclude: set[str] = set()
-        reasons: list[str] = []
-        for attempt in range(MAX_ATTEMPTS):
+        req = RequestDispatch(rec, self.mark_down)
+        for _ in range(MAX_ATTEMPTS):
             try:
-                await self._attempt(rec, attempt, frozenset(exclude), on_tokens)
+                await self._attempt(req, on_tokens)
                 return
             except RequestError as exc:  # keep the reasons of the attempts that led here
-                raise RequestError("; then ".join([*reasons, str(exc)])) from None
+                raise RequestError(req.fail(str(exc))) from None
             except AttemptError as exc:
-                reasons.append(exc.reason)
-                rec.retries = attempt + 1
-                if exc.dead is not None:
-                    self.mark_down(exc.dead)
-                    exclude.add(exc.dead)
-                if exc.link_failed:
-                    exclude.add("prfaas")
-                if exc.suspect is not None:
-                    exclude.add(exc.suspect)
-        raise RequestError("; then ".join(reasons))
+                final = req.failed(exc.failure)
+                if final is not None:
+                    raise RequestError(final) from None
+        raise AssertionError("RequestDispatch.failed ends the request after MAX_ATTEMPTS")
 
-    async def _attempt(
-        self, rec: RequestRecord, attempt: int, exclude: frozenset[str], on_tokens: TokenSink
-    ) -> None:
-        hash_ids = self.hash_ids.get(rec.id, ())
-        look = self.cache.lookup(hash_ids, rec.input_tokens) if self.cache else CacheLookup()
-        view = RequestView(
-            rec.id, rec.input_tokens, rec.output_tokens, look.local, look.prfaas,
-            self.model.kv_bytes(rec.input_tokens),
-        )  # fmt: skip
-        if self.control is not None and attempt == 0:
-            self.control.observe(rec.arrival, self._routed_length(view))
-        decision = await self._route(view, exclude)
+    async def _attempt(self, req: RequestDispatch, on_tokens: TokenSink) -> None:
+        rec = req.rec
+        keys = self.hash_ids.get(rec.id, ())
+        decision, look = await self._route(req)
         route = decision.route
         decision.write(rec)
         prefill = self.instances[route.prefill_instance]
         decode = self.instances[route.decode_instance]
-        rec.route = route.prefill_cluster
-        rec.prefill_instance, rec.decode_instance = prefill.id, decode.id
-        plan = await self._cache_plan(rec, route, look, decode, exclude)
-        rec.cached_tokens = plan.reused_tokens
-        rec.threshold_tokens = route.threshold_tokens
-        rec.cross_dc = prefill.cluster != decode.cluster
-        rec.kv_wire_bytes_expected = self.engine.kv_wire_bytes(rec.input_tokens, plan.kv_tokens)
-        rec.kv_wire_bytes_sent = rec.kv_wire_bytes_received = 0
-        if rec.tokens_out == 0:  # tokens already streamed came from an earlier attempt's KV
-            rec.kv_verified = False
+        core.begin_attempt(rec, route, prefill.id, decode.id)
+        plan = await self._cache_plan(req, route, look, decode)
+        wire = self.engine.kv_wire_bytes(rec.input_tokens, plan.kv_tokens)
+        core.start_attempt(rec, route, prefill.cluster != decode.cluster, plan, wire)
         kv = kv_address(prefill.cluster, decode)
         if kv is None:
             raise RequestError(f"decode instance {decode.id} has no KV address")
@@ -364,11 +329,7 @@ class RouterState:
                     if decode_task.done():
                         await decode_task  # raises its AttemptError
                         raise AttemptError(f"decode on {decode.id}: ended before registering")
-                    raise AttemptError(
-                        f"decode on {decode.id}: did not register the request within "
-                        f"{REGISTER_TIMEOUT_S:g}s",
-                        dead=decode.id,
-                    )
+                    raise AttemptError.of(Failure.not_registered(decode.id))
                 prefill_task = asyncio.create_task(
                     run_prefill(
                         self.workers,
@@ -400,62 +361,31 @@ class RouterState:
                 raise
             finally:
                 self._charge(prefill.id, plan.prefill_tokens, None, 0, -1)
-            if self.cache is not None:  # the prompt's prefix now sits in the prefill's cluster
-                self.cache.insert(prefill.cluster, hash_ids, rec.input_tokens)
-                self.cache.record_prefill(prefill.cluster, plan)
+            core.prefill_answered(self.cache, prefill.cluster, keys, rec, plan)
             await decode_task
         finally:
             self._charge(None, 0, decode.id, rec.output_tokens, -1)
 
-    def _routed_length(self, view: RequestView) -> int:
-        """The length the policy compares with t: the whole prompt for cache-blind policies,
-        the part no usable cache holds for the cache-aware rule. The scheduler's planner is fed
-        these, so the t it plans fits the lengths the routing really sees."""
-        if not self.policy.cache_aware:
-            return view.input_tokens
-        scarce = self.scheduler.scarce
-        cached = view.cached_local if scarce else max(view.cached_local, view.cached_prfaas)
-        return max(1, view.input_tokens - cached)
-
     async def _cache_plan(
-        self,
-        rec: RequestRecord,
-        route: Route,
-        look: CacheLookup,
-        decode: InstanceInfo,
-        exclude: frozenset[str],
+        self, req: RequestDispatch, route: Route, look: CacheLookup, decode: InstanceInfo
     ) -> CachePlan:
-        """What the prefill computes and what KV goes to decode (kvcache.manager's byte
-        model); pulls the prefix first when the route asks for it (services.cache_pull).
-
-        Without a manager (or with an engine whose KV is always the whole prompt) the route's
-        own uncached length is both, as before the prefix cache existed."""
-        if self.cache is None or not self.engine.prefix_cache:
-            n = route.uncached_tokens
-            return CachePlan(n, rec.input_tokens - n, n)
-        rec.cached_local, rec.cached_prfaas = look.local, look.prfaas
-        cluster = route.prefill_cluster
-        plan = plan_request(rec.input_tokens, look, cluster, route.pull_prefix_tokens)
-        if not plan.pull_tokens:
-            return plan
-        rec.pull_tokens = plan.pull_tokens
-        source = None
-        if plan.pull_from == "prfaas" and "prfaas" not in exclude:
-            senders = [
-                i for i in self.snapshot(exclude).instances
-                if i.cluster == "prfaas" and i.role == "prefill" and i.state == "ok"
-            ]  # fmt: skip
-            if senders:
-                source = self.instances[min(senders, key=lambda i: (i.outstanding, i.id)).id]
+        """The cache plan (dispatch.core.cache_plan); pulls the prefix first when the route
+        asks for it and a PrfaaS instance can send it (services.cache_pull)."""
+        rec = req.rec
+        plan, source = core.cache_plan(
+            rec,
+            route,
+            look,
+            cache_on=self.cache is not None and self.engine.prefix_cache,
+            avoiding=req.avoiding,
+            snapshot=self.snapshot,
+            has_link=self.has_link,
+        )
         if source is None:
-            rec.pull_status = (
-                "skipped: no KV path from the local cluster to PrfaaS"
-                if plan.pull_from == "local"
-                else "skipped: no PrfaaS instance or link to pull from"
-            )
-            return plan_request(rec.input_tokens, look, cluster, 0)
+            return plan
+        assert self.cache is not None
         result = await self.workers.pull_prefix(
-            source=source,
+            source=self.instances[source],
             target=decode,
             tokens=plan.pull_tokens,
             model=self.spec.model,
@@ -467,25 +397,34 @@ class RouterState:
         )
         rec.pull_wire_bytes += result.wire_bytes
         rec.pull_s, rec.pull_status = result.seconds, result.status
-        if not result.ok:  # compute the prefix instead
-            return plan_request(rec.input_tokens, look, cluster, 0)
-        self.cache.insert(cluster, self.hash_ids.get(rec.id, ()), plan.reused_tokens)
-        return plan
+        keys = self.hash_ids.get(rec.id, ())
+        return core.pull_done(rec, route, look, plan, self.cache, keys, result.ok)
 
-    async def _route(self, view: RequestView, exclude: frozenset[str]) -> Decision:
-        """The policy's route; when no instance can take the request (all down or excluded),
-        wait up to `no_route_wait_s` for one to come back (restarted workers rejoin through
-        /health), no longer avoiding instances that are healthy again."""
+    def _routed_length(self, view: RequestView) -> int:
+        """What the scheduler's planner is fed for this request (dispatch.core.routed_length)."""
+        return core.routed_length(view, self.policy.cache_aware, self.scheduler.scarce)
+
+    async def _route(self, req: RequestDispatch) -> tuple[Decision, CacheLookup]:
+        """The policy's route, and the cache lookup it was made on; when no instance can take
+        the request (all down or excluded), ask again every poll until `no_route_wait_s` is
+        over (restarted workers rejoin through /health; dispatch.core.RequestDispatch)."""
+        rec = req.rec
         wait, poll = self.no_route_wait_s, self.health_interval_s / 2
-        deadline = time.monotonic() + wait
+        keys = self.hash_ids.get(rec.id, ())
         for _ in range(int(wait / poll) + 2):
+            look = self.cache.lookup(keys, rec.input_tokens) if self.cache else CacheLookup()
+            view = core.request_view(rec, look, self.model)
+            if self.control is not None and req.observe_once():
+                self.control.observe(rec.arrival, self._routed_length(view))
             try:
-                return await self.decider.adecide(view, self.snapshot(exclude))
+                decision = await self.decider.adecide(view, self.snapshot(req.avoiding))
             except (LookupError, ValueError) as exc:
-                if time.monotonic() >= deadline:
-                    raise RequestError(f"no route: {exc}") from None
-            await asyncio.sleep(poll)
-            exclude = frozenset(
-                x for x in exclude if x in ("prfaas", "local") or not self.healthy.get(x, True)
-            )
+                final = req.no_route(exc, time.monotonic(), wait)
+                if final is not None:
+                    raise RequestError(final) from None
+                await asyncio.sleep(poll)
+                req.forgive(self.healthy)
+                continue
+            req.routed()
+            return decision, look
         raise RequestError("no route: no instance came back in time")

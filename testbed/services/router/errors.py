@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from testbed.dispatch.core import Failure
+
 __all__ = ["CLIENT_GONE", "SHUT_DOWN", "AttemptError", "ClientGone", "RequestError"]
 
 CLIENT_GONE = "client disconnected"
@@ -20,7 +22,8 @@ class ClientGone(Exception):
 
 
 class AttemptError(Exception):
-    """One dispatch attempt failed; the router may retry elsewhere."""
+    """One dispatch attempt failed; the router may retry elsewhere (what the next attempt
+    avoids: `failure`, dispatch.core.Failure)."""
 
     def __init__(
         self,
@@ -31,10 +34,32 @@ class AttemptError(Exception):
         suspect: str | None = None,
     ):
         super().__init__(reason)
-        self.reason = reason
-        self.dead = dead
+        self.failure = Failure(reason, dead, link_failed, suspect)
+
+    @classmethod
+    def of(cls, failure: Failure) -> AttemptError:
+        return cls(
+            failure.reason,
+            dead=failure.dead,
+            link_failed=failure.link_failed,
+            suspect=failure.suspect,
+        )
+
+    @property
+    def reason(self) -> str:
+        return self.failure.reason
+
+    @property
+    def dead(self) -> str | None:
         """An instance that did not answer: out of rotation until /health answers."""
-        self.link_failed = link_failed
+        return self.failure.dead
+
+    @property
+    def link_failed(self) -> bool:
         """The KV could not cross the link: retry with local prefill."""
-        self.suspect = suspect
+        return self.failure.link_failed
+
+    @property
+    def suspect(self) -> str | None:
         """An instance this request should avoid on its next attempt (not marked down)."""
+        return self.failure.suspect

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from testbed.dispatch.core import Failure
 from testbed.metrics.records import RequestRecord
 from testbed.services.router.engines import EngineRequests
 from testbed.services.router.errors import AttemptError, RequestError
@@ -51,10 +52,10 @@ async def run_prefill(
             setattr(rec, key, doc[key])
     rec.kv_wire_bytes_sent = int(doc.get("kv_wire_bytes_sent", 0))
     if status != 200 or "error" in doc:
-        raise AttemptError(
-            f"prefill on {inst.id}: {doc.get('error', status)}",
-            link_failed=rec.cross_dc,
-            suspect=None if rec.cross_dc else rec.decode_instance,
+        raise AttemptError.of(
+            Failure.prefill_failed(
+                inst.id, doc.get("error", status), rec.cross_dc, rec.decode_instance
+            )
         )
     if engine.relays_first_token:  # the control path: prefill -> router -> decode
         assert rec.decode_instance is not None

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from testbed.dispatch.core import Failure
 from testbed.services import cache_pull
 from testbed.services.kv_targets import NO_TARGETS_STATUS, deployment_targets, post_targets
 from testbed.services.router.errors import AttemptError
@@ -87,8 +88,8 @@ class HttpWorkers:
                 ):
                     status, doc = await post()
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise AttemptError(
-                f"prefill on {inst.id} unreachable ({type(exc).__name__})", dead=inst.id
+            raise AttemptError.of(
+                Failure.prefill_unreachable(inst.id, type(exc).__name__)
             ) from None
         return status, doc
 
@@ -103,9 +104,7 @@ class HttpWorkers:
                     if line.strip():
                         yield json.loads(line)
         except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
-            raise AttemptError(
-                f"decode on {inst.id} lost ({type(exc).__name__})", dead=inst.id
-            ) from None
+            raise AttemptError.of(Failure.decode_lost(inst.id, type(exc).__name__)) from None
 
     async def first_token(self, inst: InstanceInfo, wire_id: str, token: Any) -> bool:
         try:
