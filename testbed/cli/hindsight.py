@@ -21,6 +21,7 @@ from testbed.scenario.hindsight import OBJECTIVES, Objective, best_fixed
 from testbed.scenario.library import resolve_scenario
 from testbed.scenario.schema import load_scenario
 from testbed.scenario.sweep import scenario_with_settings
+from testbed.substrates import substrates_with
 from testbed.units import UnitError, parse_tokens
 
 
@@ -47,7 +48,7 @@ def _tokens_list(text: str) -> list[float]:
 
 def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    if args.substrate != "sim":
+    if args.substrate not in substrates_with(lambda s: s.hindsight):
         raise UserError("hindsight runs on the sim substrate only (it sweeps a whole grid)")
     path = resolve_scenario(args.scenario)
     scenario = scenario_with_settings(path, args.settings) if args.settings else load_scenario(path)

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,12 @@ from testbed.scenario.library import LIBRARY_DIR, library_scenarios, resolve_sce
 from testbed.scenario.plan import RunOptions, RunPlan, RunResult, prepare_run
 from testbed.scenario.schema import load_scenario
 from testbed.scenario.sweep import parse_setting, scenario_with_settings
-from testbed.substrate import SUBSTRATES
+from testbed.substrates import load_attr, substrate_facts, substrate_names
 from testbed.units import UnitError, parse_duration
 
-RUN_SUBSTRATES = (*SUBSTRATES, "sim")
-"""Where `testbed run` can run a scenario: a live substrate, or the simulator (testbed.sim)."""
+RUN_SUBSTRATES = substrate_names()
+"""Where `testbed run` can run a scenario: every substrate of the registry (testbed.substrates),
+live or in virtual time."""
 
 
 def _positive_duration(text: str) -> float:
@@ -97,10 +99,7 @@ def add_set(p: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    if args.substrate not in RUN_SUBSTRATES:
-        raise UserError(
-            f"substrate {args.substrate!r} is not available; use one of {', '.join(RUN_SUBSTRATES)}"
-        )
+    facts = substrate_facts(args.substrate)  # an unknown name: one line naming them all
     path = resolve_scenario(args.scenario)
     scenario = scenario_with_settings(path, args.settings) if args.settings else load_scenario(path)
     if args.router:  # an external router in front (docs/real-routers.md)
@@ -124,13 +123,13 @@ def _run(args: argparse.Namespace) -> int:
         timeline=not args.no_timeline,
     )
     rp = prepare_run(scenario, opts)
-    if rp.scenario.router is not None and opts.substrate != "local":
+    if rp.scenario.router is not None and not facts.external_router:
         raise UserError(
             f"router: an external router runs on the local substrate only, so far (not "
             f"{opts.substrate}; docs/real-routers.md)"
         )
-    if opts.substrate == "sim":
-        return _simulate(rp, opts, started)
+    if facts.simulate is not None:
+        return _simulate(rp, opts, started, load_attr(facts.simulate))
     clock = LiveClock.paced(rp.scenario.scale)  # `time_scale: auto` resolved by prepare_run
     wall = clock.wall(rp.duration_s)
     rate = f"{rp.rate_rps:.2f} req/s" if rp.rate_rps else "trace timing"
@@ -162,10 +161,11 @@ def _run(args: argparse.Namespace) -> int:
     return _report(result)
 
 
-def _simulate(rp: RunPlan, opts: RunOptions, started: float) -> int:
-    """`--substrate sim`: the scenario in virtual time (testbed.sim), same results."""
-    from testbed.scenario.sim_run import run_sim
-
+def _simulate(
+    rp: RunPlan, opts: RunOptions, started: float, simulate: Callable[..., RunResult]
+) -> int:
+    """A virtual-time substrate (`--substrate sim`, testbed.sim): the scenario simulated in
+    one process by the entry's `simulate` (testbed.scenario.sim_run.run_sim), same results."""
     sc = rp.scenario
     print(
         f"testbed: {sc.name}: {rp.policy} on {rp.deployment_name} "
@@ -174,7 +174,7 @@ def _simulate(rp: RunPlan, opts: RunOptions, started: float) -> int:
         f"{rp.duration_s:.0f}s real-world, simulated (seed {sc.seed})",
         file=sys.stderr,
     )
-    return _report(run_sim(rp, opts, started))
+    return _report(simulate(rp, opts, started))
 
 
 def _report(result: RunResult) -> int:
@@ -208,8 +208,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--substrate",
         default="local",
-        choices=list(RUN_SUBSTRATES),
-        help="where to run: local processes, compose containers, or sim (virtual time)",
+        choices=list(substrate_names()),
+        help="where to run: "
+        + "; ".join(f"{n}, {substrate_facts(n).description}" for n in substrate_names()),
     )
     p.add_argument(
         "--seed",

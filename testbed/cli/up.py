@@ -21,7 +21,10 @@ from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.schema import load_scenario
 from testbed.scenario.standing import Endpoints, at_time_scale, stand_up
 from testbed.services.router.text import TOKENIZER_DIR
-from testbed.substrate import SUBSTRATES
+from testbed.substrates import substrate_facts, substrates_with
+
+STANDING = substrates_with(lambda s: s.standing)
+"""Where `testbed up` can stand a deployment up (testbed.substrates)."""
 
 
 def _positive_float(text: str) -> float:
@@ -53,7 +56,7 @@ def _notice(line: str) -> None:
 
 def _refuse_with_router(args: argparse.Namespace) -> None:
     """What an external router does not stand up with, said before anything starts."""
-    if args.substrate != "local":
+    if not substrate_facts(args.substrate).external_router:
         raise UserError(
             f"router: an external router runs on the local substrate only, so far (not "
             f"{args.substrate}; docs/real-routers.md)"
@@ -69,8 +72,10 @@ def _refuse_with_router(args: argparse.Namespace) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    if args.substrate not in SUBSTRATES:
-        raise UserError(f"substrate {args.substrate!r} is not available; use 'local' or 'compose'")
+    if args.substrate not in STANDING:
+        raise UserError(
+            f"substrate {args.substrate!r} is not available; use one of {', '.join(STANDING)}"
+        )
     scenario = load_scenario(resolve_scenario(args.scenario))
     if args.router:  # an external router in front (docs/real-routers.md, "testbed up --router")
         from testbed.scenario.external_run import with_router
@@ -78,7 +83,7 @@ def _up(args: argparse.Namespace) -> int:
         scenario = with_router(scenario, args.router, time_scale_set=True)
     if scenario.router is not None:
         _refuse_with_router(args)
-    if args.prometheus and args.substrate != "compose":
+    if args.prometheus and not substrate_facts(args.substrate).prometheus:
         raise UserError("--prometheus needs --substrate compose (it runs as a container)")
     out = Path(args.out) if args.out else Path("results") / f"{scenario.name}-up"
     opts = RunOptions(
@@ -141,7 +146,7 @@ def add_parser(sub: Any) -> None:
         "timeline.png and the checkers' verdicts for every request any client sent.",
     )
     p.add_argument("scenario", help="scenario YAML file, or a library name")
-    p.add_argument("--substrate", default="local", choices=list(SUBSTRATES))
+    p.add_argument("--substrate", default="local", choices=list(STANDING))
     p.add_argument("--policy", help="routing policy (default: the scenario's)")
     p.add_argument(
         "--time-scale",

@@ -16,6 +16,7 @@ from testbed.checkers.result import CheckResult
 from testbed.metrics.files import atomic_write
 from testbed.metrics.router_reaction import reaction_lines
 from testbed.metrics.summary import link_warning
+from testbed.substrates import runs_in_virtual_time
 from testbed.units import format_size, format_tokens
 
 __all__ = ["render_report", "write_report"]
@@ -163,7 +164,7 @@ def _decisions_section(summary: dict[str, Any]) -> list[str]:
         return []
     lines = ["", "## Decisions", ""]
     by, wall, answer = d["by"], d["latency_wall_ms"], d.get("answer_wall_ms")
-    sim = summary.get("substrate") == "sim"
+    sim = runs_in_virtual_time(summary.get("substrate"))
     name = d.get("fallback")
     lines.append(
         f"{by['policy']} routed by the policy, {by['fallback']} by the fallback"

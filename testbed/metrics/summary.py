@@ -45,6 +45,7 @@ from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.metrics.router_reaction import router_reaction
 from testbed.metrics.thresholds import policy_thresholds
 from testbed.policy.decider import fallback_kind, wall_percentiles_ms
+from testbed.substrates import runs_in_virtual_time
 from testbed.units import format_size
 
 __all__ = [
@@ -483,7 +484,7 @@ def to_text(summary: dict[str, Any]) -> str:
         *_cache_text(summary),
         *_decisions_text(summary),
         f"(real-world units; simulated in virtual time, byte_scale {scale['bytes']:g})"
-        if summary.get("substrate") == "sim"
+        if runs_in_virtual_time(summary.get("substrate"))
         else f"(real-world units; time_scale {scale['time']:g}, byte_scale {scale['bytes']:g})",
     ]
     wall = summary.get("wall")

@@ -35,8 +35,8 @@ from testbed.policy import POLICIES, get_policy
 from testbed.policy.http import is_http_spec
 from testbed.scenario.limits import check_request_count, check_requests_made
 from testbed.scenario.schema import Scenario
-from testbed.sim import refuse_unmodelled
 from testbed.substrate.shaper import preflight_shaper
+from testbed.substrates import load_attr, substrate_facts
 from testbed.workload.build import length_distribution
 from testbed.workload.generate import RequestSpec, generate_requests
 
@@ -206,7 +206,8 @@ def _prepare(scenario: Scenario, opts: RunOptions) -> RunPlan:
     policy = opts.policy or scenario.policy.name
     get_policy(policy)  # an unknown name, or a plugin that cannot load: one line, now
     scenario = with_defaults(scenario, policy)
-    if opts.substrate == "compose" and POLICIES.is_plugin(policy):
+    where = substrate_facts(opts.substrate)
+    if not where.outside_policies and POLICIES.is_plugin(policy):
         raise UserError(
             f"policy plugin {policy!r} runs on the local substrate: the compose images carry "
             "only the testbed's own policies (docs/extending.md)"
@@ -225,8 +226,8 @@ def _prepare(scenario: Scenario, opts: RunOptions) -> RunPlan:
                 f"--shaper {opts.shaper}: deployment {name!r} has no cross-datacenter link"
             )
         dep = dep.model_copy(update={"link": dep.link.model_copy(update={"shaper": opts.shaper})})
-    if opts.substrate == "sim":
-        refuse_unmodelled(name, dep)
+    if where.preflight is not None:  # what the substrate cannot run, said now (the sim's)
+        load_attr(where.preflight)(name, dep)
     t_cfg = scenario.policy.threshold
     # A fixed threshold is the operating point the run has: plan the PD split and lambda_max
     # (what `load` is a fraction of) for it, not for the threshold the search would pick.
@@ -277,9 +278,12 @@ def _prepare(scenario: Scenario, opts: RunOptions) -> RunPlan:
     requests = burst_requests(scenario, requests, rate, duration)
     calibration: dict[str, Any] | None = None
     if dep.engine == "torch":  # before any process starts: one clear line, not a crashed worker
-        live.check_live_run(
-            opts.substrate, [(r.id, r.input_tokens, r.output_tokens) for r in requests]
-        )
+        if not where.torch_engine:
+            raise UserError(
+                f"engine: torch runs on the local substrate only (the {opts.substrate} images "
+                "carry no torch); use --substrate local"
+            )
+        live.check_live_run([(r.id, r.input_tokens, r.output_tokens) for r in requests])
         scale, calibration = live.resolve_time_scale(
             scenario.scale, dep, scenario.slo.tpot, threshold, requests
         )

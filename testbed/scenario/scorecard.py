@@ -56,6 +56,7 @@ from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.schema import Scenario, load_scenario
 from testbed.scenario.short import short_variant
 from testbed.scenario.sweep import Cell, cell_scenario, run_grid
+from testbed.substrates import substrate_facts, substrates_with
 
 __all__ = [
     "DEFAULT_BASELINES",
@@ -71,7 +72,9 @@ __all__ = [
 ]
 
 DEFAULT_BASELINES = ("prfaas", "prfaas-static")
-SCORECARD_SUBSTRATES = ("sim", "local")
+SCORECARD_SUBSTRATES = substrates_with(lambda s: s.scorecard)
+"""Where a scorecard runs (testbed.substrates): on a virtual-time one every scenario whole, on
+a live one each scenario's short version (testbed.scenario.short)."""
 HINDSIGHT = "hindsight-best"
 """The reference row's label."""
 COSTLY = 6.0
@@ -164,14 +167,15 @@ def run_scorecard(
         get_policy(spec)  # a spec that cannot load: one line, before any run
     bases = [b for b in dict.fromkeys(baselines) if b != policy]
     specs = [policy, *bases]
-    use_hindsight = substrate == "sim" if hindsight is None else hindsight
-    if use_hindsight and substrate != "sim":
+    facts = substrate_facts(substrate)
+    use_hindsight = facts.hindsight if hindsight is None else hindsight
+    if use_hindsight and not facts.hindsight:
         raise UserError("--hindsight runs on the sim substrate only (it sweeps a whole grid)")
     skipped: dict[str, str] = {}
     entries: list[Entry] = []
     for path in _scenario_paths(scenarios):
         sc = load_scenario(path)
-        if substrate == "local":
+        if not facts.virtual_time:  # live: at time_scale 1, the short version
             sc = short_variant(sc)
         n_requests = 0
         try:
@@ -196,7 +200,7 @@ def run_scorecard(
         entries.append(entry)
     if not entries:
         raise UserError("no scenario to run: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
-    if substrate == "sim":
+    if facts.virtual_time:
         rows, cached = _run_sim(entries, specs, seeds, jobs, say, cache, max_requests)
     else:
         rows, cached = run_local(entries, specs, seeds, out, say, max_requests), 0

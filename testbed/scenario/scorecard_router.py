@@ -50,6 +50,7 @@ from testbed.scenario.scorecard import (
     scenario_objective,
 )
 from testbed.scenario.short import short_variant
+from testbed.substrates import substrate_facts
 
 __all__ = [
     "DEFAULT_DURATION_S",
@@ -182,7 +183,7 @@ def run_router_scorecard(
     started = time.perf_counter()
     cpu0 = cpu_seconds()
     say = log or (lambda _line: None)
-    if substrate != "local":
+    if not substrate_facts(substrate).external_router:
         raise UserError(
             f"--router: an external router runs on the local substrate only (not {substrate}); "
             "drop --substrate"

@@ -1,16 +1,17 @@
 """Which shaper caps a run's link, checked before anything starts (`link.shaper`).
 
 `emulator`: the link emulator's shared `link_bandwidth` toxic (testbed.link.deployment).
-`tc`: the kernel, on the local substrate through the run's namespaces and veth
-(testbed.link.netns_link), on compose in the link container. A machine that cannot shape in the
-kernel stops a `tc` run here with one line naming what is missing, never by falling back to the
-emulator.
+`tc`: the kernel, where the substrate's entry says (testbed.substrates, `kernel_shaper`): on
+the local substrate through the run's namespaces and veth (testbed.link.netns_link), on compose
+in the link container. A machine that cannot shape in the kernel stops a `tc` run here with one
+line naming what is missing, never by falling back to the emulator.
 """
 
 from __future__ import annotations
 
 from testbed.config import LinkConfig
 from testbed.errors import UserError
+from testbed.substrates import substrate_facts
 
 __all__ = ["preflight_shaper"]
 
@@ -19,7 +20,8 @@ def preflight_shaper(substrate: str, link: LinkConfig) -> str:
     """Check `link.shaper` can run on `substrate`; returns one line for the run header."""
     if link.shaper == "emulator":
         return "emulator (link_bandwidth toxic, one cap shared by every proxy)"
-    if substrate == "local":
+    kernel = substrate_facts(substrate).kernel_shaper
+    if kernel == "netns":
         from testbed.link.netns_link import preflight
 
         netem = preflight()
@@ -29,7 +31,7 @@ def preflight_shaper(substrate: str, link: LinkConfig) -> str:
             else "no sch_netem: latency and jitter from the emulator"
         )
         return f"tc (htb on a veth between the run's network namespaces; {latency})"
-    if substrate == "compose":
+    if kernel == "container":
         return (
             "tc (htb in the link container toward the local datacenter; latency and jitter "
             "from the emulator)"

@@ -74,15 +74,11 @@ def ids_digest(ids: Sequence[int]) -> str:
     return hashlib.blake2b(raw, digest_size=8).hexdigest()
 
 
-def check_live_run(substrate: str, requests: Sequence[tuple[str, int, int]]) -> None:
-    """Refuse, with one line, a torch run that cannot work: another substrate, no torch, or a
-    request (id, input, output tokens) longer than the model's context (trace lengths are only
-    known once the trace is read, so the config check cannot catch them)."""
-    if substrate != "local":
-        raise UserError(
-            f"engine: torch runs on the local substrate only (the {substrate} images carry no "
-            "torch); use --substrate local"
-        )
+def check_live_run(requests: Sequence[tuple[str, int, int]]) -> None:
+    """Refuse, with one line, a torch run that cannot work: no torch, or a request (id, input,
+    output tokens) longer than the model's context (trace lengths are only known once the trace
+    is read, so the config check cannot catch them). Whether the substrate runs torch at all is
+    its fact (testbed.substrates), asked by the run plan before this."""
     require_torch()
     ctx = TinyConfig().max_positions
     for rid, n_in, n_out in requests:
