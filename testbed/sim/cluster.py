@@ -16,9 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from testbed.clock import Clock, Scale
+from testbed.dispatch import core
 from testbed.metrics.records import HistoryEvent
 from testbed.policy.base import Cluster as ClusterName
-from testbed.policy.base import CostModel, LinkView, Snapshot
+from testbed.policy.base import Snapshot
 from testbed.policy.book import BookEntry, LoadBook
 from testbed.profiles import ModelProfile
 from testbed.scheduler.cluster import Role, SenderCounters
@@ -86,7 +87,7 @@ class SimCluster:
                 for i in instances
             ),
             state.draining,
-            _costs(model, hw),
+            core.cost_model(model, hw),
         )
         """The same load accounting as the live router's (testbed.policy.book)."""
         self.healthy = self.book.healthy
@@ -103,20 +104,9 @@ class SimCluster:
         self.book.charge(prefill, tokens, decode, out, sign)
 
     def snapshot(self, exclude: frozenset[str] = frozenset()) -> Snapshot:
-        """The policy's view, made as the live router makes it (RouterState.snapshot)."""
-        state = self.state
-        link = (
-            LinkView(
-                state.bandwidth_estimate,
-                state.link_in_flight,
-                state.link_delivered,
-                self.rtt_s,
-                state.scarce,
-            )
-            if self.link is not None
-            else None
-        )
-        return self.book.snapshot(self.loop.time(), state.threshold, state.scarce, link, exclude)
+        """The policy's view (dispatch.core.snapshot, as the live router's)."""
+        has_link = self.link is not None
+        return core.snapshot(self.book, self.state, self.loop.time(), self.rtt_s, has_link, exclude)
 
     def mark_down(self, iid: str) -> None:
         """Out of rotation; back once its health check answers (polled)."""
@@ -157,13 +147,6 @@ class SimCluster:
         inst.role = role
         self.book.set_role(instance, role)
         return True
-
-
-def _costs(model: ModelProfile, hardware: Mapping[str, str]) -> CostModel | None:
-    """The model's cost curves on each cluster's hardware (as the live router's)."""
-    if not hardware or any(h not in model.prefill for h in hardware.values()):
-        return None
-    return CostModel.of(model, hardware)
 
 
 def scheduler_history(state: SchedulerState, history: list[HistoryEvent]) -> None:
