@@ -276,7 +276,7 @@ class RouterState:
         streamed by a decode instance that died are not streamed twice.
         """
         req = RequestDispatch(rec, self.mark_down)
-        for _ in range(MAX_ATTEMPTS):
+        while True:  # bounded: RequestDispatch.failed ends the request after MAX_ATTEMPTS
             try:
                 await self._attempt(req, on_tokens)
                 return
@@ -286,7 +286,6 @@ class RouterState:
                 final = req.failed(exc.failure)
                 if final is not None:
                     raise RequestError(final) from None
-        raise AssertionError("RequestDispatch.failed ends the request after MAX_ATTEMPTS")
 
     async def _attempt(self, req: RequestDispatch, on_tokens: TokenSink) -> None:
         rec = req.rec
