@@ -44,9 +44,11 @@ from testbed.config import LinkConfig, ScaleConfig
 from testbed.link.client import LinkClient
 from testbed.link.tc import WIRE_PER_PAYLOAD
 from testbed.metrics.records import HistoryEvent
+from testbed.nemesis.verbs import LINK_VERBS, LinkVerbs
 
 __all__ = [
     "CONTROL_PREFIX",
+    "EMULATOR_VERBS",
     "LINK_GROUP",
     "LINK_MISS",
     "LINK_TOXIC",
@@ -69,6 +71,10 @@ LINK_MISS = "link_miss"
 SAMPLE_TIMEOUT_S = 5.0
 """A sample not read by then is missed (a docker exec of the compose qdisc read takes tenths of
 a second; a hung emulator must not stop the sampling)."""
+EMULATOR_VERBS = LinkVerbs("link emulator", LINK_VERBS, "docs/link.md")
+"""The link emulator plays every link verb (as toxics; `timeout` also drops in the kernel with
+`shaper: tc`)."""
+NO_LINK = LinkVerbs("run without a link emulator", frozenset(), "docs/link.md")
 _METRIC = re.compile(
     r"^(testbed_link_bytes_total|testbed_link_cap_bytes_per_second)"
     r'\{proxy="([^"]*)",direction="([^"]*)"\} (\S+)$'
@@ -132,10 +138,19 @@ class LinkSetup:
     sender_netns: str | None = None
     """The network namespace PrfaaS KV senders open their connections in (local tc)."""
     _last: tuple[float, float] | None = None
+    _added: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    """By verb key: (proxy, toxic name) of every toxic its verbs added, in order."""
+    _dropping: set[str] = field(default_factory=set)
+    """The verb keys that made the kernel shaper drop every packet (`add_timeout`)."""
 
     @property
     def enabled(self) -> bool:
         return self.client is not None
+
+    @property
+    def verbs(self) -> LinkVerbs:
+        """Every link verb with an emulator (testbed.nemesis.verbs); none without one."""
+        return EMULATOR_VERBS if self.client is not None else NO_LINK
 
     @property
     def kv_proxies(self) -> list[str]:
@@ -178,12 +193,6 @@ class LinkSetup:
         for name in self.proxies:
             await self.client.disable(name)
 
-    async def blackhole(self, on: bool) -> None:
-        """With the kernel shaper, drop (`on`) or pass again every packet crossing the link;
-        without it nothing (the emulator's `timeout` toxic black-holes the data instead)."""
-        if self.kernel is not None:
-            await (self.kernel.cut() if on else self.kernel.mend())
-
     async def heal(self) -> None:
         """Enable again whichever of the run's proxies are disabled; idempotent."""
         assert self.client is not None
@@ -193,6 +202,88 @@ class LinkSetup:
         for name in self.proxies:
             if not state.get(name, {}).get("enabled", True):
                 await self.client.enable(name)
+
+    async def blackhole(self, on: bool) -> None:
+        """With the kernel shaper, drop (`on`) or pass again every packet crossing the link;
+        without it nothing (the emulator's `timeout` toxic black-holes the data instead)."""
+        if self.kernel is not None:
+            await (self.kernel.cut() if on else self.kernel.mend())
+
+    # ------------------------------------------------------------ link verbs as toxics
+
+    def _wall_ms(self, real_s: float) -> float:
+        return LiveClock.paced(self.scale).wall(real_s) * 1e3
+
+    async def _toxics(
+        self,
+        key: str,
+        kind: str,
+        streams: tuple[str, ...],
+        attributes: dict[str, Any],
+        toxicity: float = 1.0,
+    ) -> None:
+        """One toxic per stream on every proxy, named "<key>-<n>" (n counts the key's toxics),
+        recorded under `key` for `remove`."""
+        assert self.client is not None
+        added = self._added.setdefault(key, [])
+        first = len({name for _, name in added})
+        for proxy in self.proxies:
+            for n, stream in enumerate(streams, start=first):
+                name = f"{key}-{n}"
+                await self.client.add_toxic(
+                    proxy,
+                    kind,
+                    name=name,
+                    stream=stream,
+                    attributes=attributes,
+                    toxicity=toxicity,
+                )
+                added.append((proxy, name))
+
+    async def add_delay(self, key: str, /, *, rtt_s: float, jitter_s: float) -> None:
+        attrs = {"latency": self._wall_ms(rtt_s / 2), "jitter": self._wall_ms(jitter_s)}
+        await self._toxics(key, "latency", ("upstream", "downstream"), attrs)
+
+    async def add_timeout(self, key: str, /, *, timeout_s: float) -> None:
+        """The kernel shaper (if any) drops every packet first, then the proxies black-hole."""
+        if self.kernel is not None:
+            await self.blackhole(True)
+            self._dropping.add(key)
+        attrs = {"timeout": round(self._wall_ms(timeout_s))}
+        await self._toxics(key, "timeout", ("upstream", "downstream"), attrs)
+
+    async def add_reset(self, key: str, /, *, after_s: float, probability: float) -> None:
+        attrs = {"timeout": round(self._wall_ms(after_s))}
+        await self._toxics(key, "reset_peer", ("upstream",), attrs, probability)
+
+    async def add_slow_close(self, key: str, /, *, delay_s: float, probability: float) -> None:
+        attrs = {"delay": round(self._wall_ms(delay_s))}
+        await self._toxics(key, "slow_close", ("upstream", "downstream"), attrs, probability)
+
+    async def add_slicer(
+        self, key: str, /, *, average_bytes: int, variation_bytes: int, delay_s: float
+    ) -> None:
+        """On the data towards the receiver (the emulator's upstream stream); `delay` in wall
+        microseconds."""
+        attrs = {
+            "average_size": average_bytes,
+            "size_variation": variation_bytes,
+            "delay": round(self._wall_ms(delay_s) * 1e3),
+        }
+        await self._toxics(key, "slicer", ("upstream",), attrs)
+
+    async def add_data_limit(self, key: str, /, *, limit_bytes: int) -> None:
+        await self._toxics(key, "limit_data", ("upstream",), {"bytes": limit_bytes})
+
+    async def remove(self, key: str, /) -> None:
+        """Every toxic added under `key`, then the kernel's drop if `key` started it."""
+        assert self.client is not None
+        for proxy, name in self._added.pop(key, []):
+            await self.client.remove_toxic(proxy, name)
+        if key in self._dropping:
+            self._dropping.discard(key)
+            if not self._dropping:  # an overlapping black hole keeps the drop
+                await self.blackhole(False)
 
     async def sample(self) -> dict[str, Any] | None:
         """Cumulative wire bytes across the link, rate since the last sample, cap in force;

@@ -10,8 +10,11 @@ kind "fault" for every phase of every fault: `{"action", "phase": "start" | "end
 "index", "at"}` plus what the action changed (and `error` if the substrate or the link refused,
 which never stops the run).
 
-One file per action under `actions/` (the model of its scenario entry and its `Fault`), like the
-link toxics, registered in `ACTIONS`: adding a fault type is one file (docs/extending.md).
+One file per action under `actions/` (the model of its scenario entry and its `Fault`),
+registered in `ACTIONS`: adding a fault type is one file (docs/extending.md). A link fault speaks
+link verbs (`verbs`: delay, bandwidth, partition, timeout, reset, slow close, slicing, data
+limit), never an emulator's API, and declares the ones it uses; a substrate whose link cannot
+play one refuses the scenario before the run (`refuse_unplayable`).
 
 - bandwidth: set the shared cap of the cross-datacenter link; restore it at the end.
 - latency: add `rtt` / 2 of delay (+- `jitter`) on both directions of every link proxy.
@@ -26,8 +29,9 @@ link toxics, registered in `ACTIONS`: adding a fault type is one file (docs/exte
   `burst_requests`; the player only records the window.
 
 Modules: `event` (the entry's base model), `plan` (targets, extra arrivals, fit to the run),
-`fault` (Fault, what it may touch, the registry), `link` and `process` (the two kinds of
-target), `player`.
+`fault` (Fault, what it may touch, the registry), `verbs` (the link verbs and `LinkControl`),
+`link` and `process` (the two kinds of target; `link` also refuses what a link cannot play),
+`player`.
 """
 
 from __future__ import annotations
@@ -39,10 +43,9 @@ from testbed.nemesis.fault import (
     LinkControl,
     NemesisContext,
     Processes,
-    ToxicControl,
     nemesis_union,
 )
-from testbed.nemesis.link import LinkEvent, ToxicFault
+from testbed.nemesis.link import LinkEvent, LinkFault, refuse_unplayable, unplayable
 from testbed.nemesis.plan import (
     PlannedFault,
     Timeline,
@@ -52,14 +55,18 @@ from testbed.nemesis.plan import (
 )
 from testbed.nemesis.player import NemesisPlayer, stop_player
 from testbed.nemesis.process import NEMESIS_TARGET_GROUPS, ProcessEvent, ProcessFault, instance_ids
+from testbed.nemesis.verbs import LINK_VERBS, LinkVerbs
 
 __all__ = [
     "ACTIONS",
+    "LINK_VERBS",
     "NEMESIS_TARGET_GROUPS",
     "BaseLoad",
     "Fault",
     "LinkControl",
     "LinkEvent",
+    "LinkFault",
+    "LinkVerbs",
     "NemesisContext",
     "NemesisEvent",
     "NemesisPlayer",
@@ -68,12 +75,12 @@ __all__ = [
     "ProcessFault",
     "Processes",
     "Timeline",
-    "ToxicControl",
-    "ToxicFault",
     "burst_requests",
     "check_timeline_fits",
     "instance_ids",
     "nemesis_union",
     "plan_faults",
+    "refuse_unplayable",
     "stop_player",
+    "unplayable",
 ]

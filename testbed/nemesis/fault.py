@@ -1,10 +1,10 @@
 """What a fault does: `Fault` (start, end) against the small part of a run it may touch, and the
 registry of actions.
 
-A fault touches a run only through `NemesisContext`: the link (`LinkControl`: its bandwidth
-cap, its proxies and their toxics) and the processes (`Processes`: kill, pause, resume, restart
-a service by the substrate's handle). The runner's run state provides it; a test provides a
-fake; nothing here imports a substrate or the runner.
+A fault touches a run only through `NemesisContext`: the link (`LinkControl`: the link verbs of
+testbed.nemesis.verbs, each fault declaring the ones it uses in `verbs`) and the processes
+(`Processes`: kill, pause, resume, restart a service by the substrate's handle). The runner's run
+state provides it; a test provides a fake; nothing here imports a substrate or the runner.
 
 `ACTIONS` maps an action's name to its Fault class, whose `config` is the pydantic model of its
 scenario entry. Every module of testbed/nemesis/actions/ is imported the first time the registry
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import MutableMapping, Sequence
+from collections.abc import MutableMapping
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 from testbed.clock import Clock
 from testbed.config import literal_values, tagged_union
 from testbed.nemesis.event import NemesisEvent
 from testbed.nemesis.plan import PlannedFault
+from testbed.nemesis.verbs import LINK_VERBS, LinkControl
 from testbed.registry import Registry
 
 __all__ = [
@@ -31,65 +32,8 @@ __all__ = [
     "LinkControl",
     "NemesisContext",
     "Processes",
-    "ToxicControl",
     "nemesis_union",
 ]
-
-
-class ToxicControl(Protocol):
-    """The link emulator's API, as far as faults use it (testbed.link.client.LinkClient)."""
-
-    async def add_toxic(
-        self,
-        proxy: str,
-        type: str,
-        /,
-        *,
-        attributes: dict[str, Any] | None = ...,
-        stream: str = ...,
-        name: str | None = ...,
-        toxicity: float = ...,
-    ) -> object: ...
-
-    async def remove_toxic(self, proxy: str, name: str, /) -> object: ...
-
-    async def enable(self, name: str, /) -> object: ...
-
-    async def disable(self, name: str, /) -> object: ...
-
-
-class LinkControl(Protocol):
-    """The run's cross-datacenter link (the runner's LinkSetup)."""
-
-    @property
-    def configured_bytes_per_s(self) -> float:
-        """The shared cap in force, real-world bytes/s."""
-        ...
-
-    @property
-    def proxies(self) -> Sequence[str]:
-        """Every cross-datacenter proxy of the run."""
-        ...
-
-    @property
-    def client(self) -> ToxicControl | None:
-        """None when the run has no link emulator."""
-        ...
-
-    async def set_bandwidth(self, real_bytes_per_s: float, /) -> None: ...
-
-    async def partition(self) -> None:
-        """Close every proxy (and, with the kernel shaper, drop every packet on the link)."""
-        ...
-
-    async def heal(self) -> None:
-        """Undo `partition`; idempotent."""
-        ...
-
-    async def blackhole(self, on: bool, /) -> None:
-        """Drop every packet on the link in the kernel (`shaper: tc`), or stop; a no-op when
-        the emulator shapes."""
-        ...
 
 
 class Processes(Protocol):
@@ -123,7 +67,7 @@ class NemesisContext(Protocol):
 
     @property
     def clock(self) -> Clock:
-        """The run's clock (faults convert real-world durations to the emulator's wall ones)."""
+        """The run's clock (real-world time; the link converts its verbs' durations itself)."""
         ...
 
 
@@ -138,6 +82,15 @@ class Fault(ABC, Generic[E]):
     """
 
     config: ClassVar[type[NemesisEvent]]
+    verbs: ClassVar[frozenset[str]] = frozenset()
+    """The link verbs (testbed.nemesis.verbs) the fault may use: a substrate whose link cannot
+    play one of them refuses the scenario before the run. None for a fault that leaves the link
+    alone."""
+
+    @classmethod
+    def verbs_for(cls, event: NemesisEvent) -> frozenset[str]:
+        """The verbs this entry uses (`verbs`, unless the entry's fields pick among them)."""
+        return cls.verbs
 
     def __init__(self, planned: PlannedFault) -> None:
         if not isinstance(planned.event, self.config):
@@ -158,9 +111,6 @@ class Fault(ABC, Generic[E]):
     async def end(self, ctx: NemesisContext) -> dict[str, Any]:
         return {}
 
-    def _wall_ms(self, ctx: NemesisContext, real_s: float) -> float:
-        return ctx.clock.wall(real_s) * 1e3
-
 
 def _action_names(fault: type[Fault[Any]]) -> tuple[str, ...]:
     return literal_values(fault.config, "action")
@@ -175,6 +125,9 @@ def _check_fault(fault: type[Fault[Any]]) -> None:
         raise TypeError(f"{label}: 'config' must be a NemesisEvent model")
     if len(literal_values(config, "action")) != 1:
         raise TypeError(f"{label}: {config.__name__}.action must be Literal['<one name>']")
+    unknown = sorted(set(fault.verbs) - LINK_VERBS)
+    if unknown:
+        raise TypeError(f"{label}: unknown link verbs {unknown}; known: {sorted(LINK_VERBS)}")
     if inspect.isabstract(fault):
         raise TypeError(f"{label}: implements no start(ctx)")
 

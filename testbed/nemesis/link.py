@@ -1,18 +1,24 @@
-"""Link faults: entries that need a cross-datacenter link, and faults made of link toxics."""
+"""Link faults: entries that need a cross-datacenter link, faults made of link verbs, and the
+refusal of a fault a substrate's link cannot play.
+
+A `LinkFault` adds its verbs under one key at the start (`apply`) and removes that key at the
+end; `unplayable` / `refuse_unplayable` compare the verbs a timeline's faults declare
+(`Fault.verbs_for`) with what a link plays (`LinkVerbs`), before anything runs.
+"""
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from testbed.errors import ConfigError
+from testbed.errors import ConfigError, UserError
 from testbed.nemesis.event import NemesisEvent
-from testbed.nemesis.fault import Fault, LinkControl, NemesisContext, ToxicControl
+from testbed.nemesis.fault import ACTIONS, Fault, NemesisContext
+from testbed.nemesis.plan import PlannedFault
+from testbed.nemesis.verbs import LinkControl, LinkVerbs
 
-__all__ = ["LinkEvent", "ToxicFault", "ToxicSpec", "link_of"]
-
-ToxicSpec = tuple[str, str, dict[str, Any], float]
-"""(type, stream, attributes, toxicity) of one toxic."""
+__all__ = ["LinkEvent", "LinkFault", "link_of", "refuse_unplayable", "unplayable"]
 
 
 class LinkEvent(NemesisEvent):
@@ -29,47 +35,57 @@ class LinkEvent(NemesisEvent):
         return ("link",)
 
 
-def link_of(ctx: NemesisContext) -> tuple[LinkControl, ToxicControl]:
-    """The run's link and its emulator's API; a RuntimeError (recorded as the fault's error)
-    when the run has none."""
+def link_of(ctx: NemesisContext) -> LinkControl:
+    """The run's link; a RuntimeError (recorded as the fault's error) when the run has none."""
     link = ctx.link
-    client = link.client if link is not None else None
-    if link is None or client is None:
-        raise RuntimeError("this run has no link emulator")
-    return link, client
+    if link is None:
+        raise RuntimeError("this run has no cross-datacenter link")
+    return link
 
 
 L = TypeVar("L", bound=LinkEvent)
 
 
-class ToxicFault(Fault[L]):
-    """A fault that adds toxics to every link proxy at the start and removes them at the end."""
+class LinkFault(Fault[L]):
+    """A fault made of link verbs under its own key: `apply` adds them at the start, the end
+    removes everything added under the key (`LinkControl.remove`)."""
 
-    def toxics(self, ctx: NemesisContext) -> list[ToxicSpec]:
-        """(type, stream, attributes, toxicity) of each toxic to add to every proxy."""
-        raise NotImplementedError
+    @property
+    def key(self) -> str:
+        """The key its verbs are added under: "nemesis-<index>-<action>" (the live link's
+        toxics are named after it)."""
+        return f"nemesis-{self.planned.index}-{self.action}"
 
-    def _name(self, n: int) -> str:
-        return f"nemesis-{self.planned.index}-{self.action}-{n}"
+    @abstractmethod
+    async def apply(self, link: LinkControl, key: str) -> dict[str, Any]:
+        """Add the fault's verbs under `key`; returns what it asked (real-world units), which
+        goes into the "fault" history event."""
 
     async def start(self, ctx: NemesisContext) -> dict[str, Any]:
-        link, client = link_of(ctx)
-        specs = self.toxics(ctx)
-        for proxy in link.proxies:
-            for n, (kind, stream, attrs, toxicity) in enumerate(specs):
-                await client.add_toxic(
-                    proxy,
-                    kind,
-                    name=self._name(n),
-                    stream=stream,
-                    attributes=attrs,
-                    toxicity=toxicity,
-                )
-        return {"toxics": [{"type": k, "stream": s, **a} for k, s, a, _ in specs]}
+        return await self.apply(link_of(ctx), self.key)
 
     async def end(self, ctx: NemesisContext) -> dict[str, Any]:
-        link, client = link_of(ctx)
-        for proxy in link.proxies:
-            for n in range(len(self.toxics(ctx))):
-                await client.remove_toxic(proxy, self._name(n))
+        await link_of(ctx).remove(self.key)
         return {}
+
+
+def unplayable(faults: Sequence[PlannedFault | NemesisEvent], verbs: LinkVerbs, /) -> str | None:
+    """The one line refusing the first fault whose verbs `verbs` lacks, or None when every
+    fault can be played: `nemesis[2] 'fragment': the sim cannot play link verb 'slice'
+    (docs/sim.md)`. Entries are planned faults, or a scenario's `nemesis:` list in order."""
+    for n, item in enumerate(faults):
+        index, event = (item.index, item.event) if isinstance(item, PlannedFault) else (n, item)
+        missing = sorted(ACTIONS[event.action].verbs_for(event) - verbs.supported)
+        if missing:
+            return (
+                f"nemesis[{index}] {event.action!r}: the {verbs.substrate} cannot play link "
+                f"verb {missing[0]!r} ({verbs.doc})"
+            )
+    return None
+
+
+def refuse_unplayable(faults: Sequence[PlannedFault | NemesisEvent], verbs: LinkVerbs, /) -> None:
+    """`unplayable` as a UserError (one line, exit 2), before anything runs."""
+    why = unplayable(faults, verbs)
+    if why is not None:
+        raise UserError(why)

@@ -10,6 +10,7 @@ from typing import Any
 from testbed.clock import Clock
 from testbed.metrics.records import HistoryEvent
 from testbed.nemesis.fault import ACTIONS, Fault, NemesisContext
+from testbed.nemesis.link import refuse_unplayable
 from testbed.nemesis.plan import PlannedFault
 
 __all__ = ["NemesisPlayer", "stop_player"]
@@ -24,6 +25,9 @@ class NemesisPlayer:
     `clock` reads 0 at the start of the load (the timeline's origin). Run it as a task
     next to the load and cancel it when the load is done: phases not reached are not played
     (the substrate stops everything anyway, resuming paused processes first).
+
+    A fault whose link verbs the run's link cannot play is refused here, before any is played
+    (a UserError naming the fault and the substrate), never started to fail as a recorded error.
     """
 
     def __init__(
@@ -33,6 +37,8 @@ class NemesisPlayer:
         history: list[HistoryEvent],
         clock: Clock,
     ) -> None:
+        if ctx.link is not None:
+            refuse_unplayable(faults, ctx.link.verbs)
         self.ctx = ctx
         self.history = history
         self.clock = clock

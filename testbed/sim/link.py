@@ -21,15 +21,17 @@ A flow's last byte reaches the decode instance one-way delay later (RTT/2 of the
 latency fault, plus a uniform draw in +-jitter from the run's seed), and its acknowledgement
 reaches the sender the same delay after that.
 
-Faults, as the link emulator's toxics would act on the transfers (docs/sim.md):
-- partition `disable`: active flows fail at once (connections reset), new ones fail at start
-  (the receiver is unreachable); `timeout`: data is black-holed, flows stall and each fails
-  after `timeout` of no progress (never, if 0); the heal lets stalled flows continue;
-- reset_peer: a flow picked with probability `toxicity` loses its connection `timeout` after
+Faults, as the link verbs (testbed.nemesis.verbs, played by testbed.sim.nemesis) act on the
+transfers (docs/sim.md):
+- partition (`cut("disable")`): active flows fail at once (connections reset), new ones fail at
+  start (the receiver is unreachable); timeout (`cut("timeout")`): data is black-holed, flows
+  stall and each fails after `timeout` of no progress (never, if 0); the heal lets stalled
+  flows continue;
+- reset: a flow picked with probability `toxicity` loses its connection `timeout` after
   data starts and resumes after that delay from what was acknowledged; the sender gives up
   after its retries (3 resets) and the transfer fails;
 - slow_close: transfers keep their connections open, so nothing changes for them (recorded);
-- latency: adds RTT/2 each way and widens the jitter.
+- delay: adds RTT/2 each way and widens the jitter.
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 """What the nemesis touches on the sim: the same faults (testbed.nemesis.actions), acting through
 a `NemesisContext` whose link and processes are the sim's models.
 
-The link side speaks the link emulator's API as far as faults use it (`ToxicControl`): toxics
-added by name to every proxy (one per decode instance, as live), proxies disabled and enabled.
-The set of toxics in force is turned into the link model's state (testbed.sim.link): latency
-toxics add to the RTT and jitter, `timeout` black-holes the link, `reset_peer` resets transfers,
-`slow_close` changes nothing for transfers that keep their connections, a disabled proxy cuts
-the link. Attributes are in the emulator's wall milliseconds, which on the sim's clock
-(time_scale 1) are real-world milliseconds.
+The link side plays the link verbs (testbed.nemesis.verbs) directly on the link model
+(testbed.sim.link): `delay` adds to the RTT and jitter, `timeout` black-holes the link,
+`partition` cuts it, `reset` resets transfers, `slow_close` changes nothing for transfers that
+keep their connections, `bandwidth` sets the capacity. `slice` and `data_limit` act on the bytes
+of a connection, which the sim does not have (its transfers are flows of a size): they are
+refused before the run (`SIM_VERBS`, docs/sim.md), never played as a no-op.
 
 The process side kills, pauses, resumes and restarts the modelled instances; the handle of an
 instance is its id.
@@ -19,88 +18,37 @@ from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
 
 from testbed.clock import Clock
+from testbed.nemesis.verbs import LinkVerbs
 from testbed.sim.cluster import SimInstance
 from testbed.sim.link import SimLink
 
-__all__ = ["SimLinkControl", "SimNemesis", "SimProcesses", "SimToxics"]
+__all__ = ["SIM_LINK", "SIM_VERBS", "SimLinkControl", "SimNemesis", "SimProcesses"]
 
-KNOWN_TOXICS = ("latency", "timeout", "reset_peer", "slow_close")
-
-
-class SimToxics:
-    """`nemesis.fault.ToxicControl` over the link model."""
-
-    def __init__(self, link: SimLink, proxies: Sequence[str]) -> None:
-        self.link = link
-        self.proxies = list(proxies)
-        self.toxics: dict[str, tuple[str, dict[str, Any], float]] = {}
-        """By name (a fault adds the same name to every proxy): type, attributes, toxicity."""
-        self.disabled: set[str] = set()
-
-    async def add_toxic(
-        self,
-        proxy: str,
-        type: str,
-        /,
-        *,
-        attributes: dict[str, Any] | None = None,
-        stream: str = "downstream",
-        name: str | None = None,
-        toxicity: float = 1.0,
-    ) -> object:
-        if type not in KNOWN_TOXICS:
-            raise RuntimeError(f"toxic type {type!r} is not modelled on the sim")
-        key = f"{name or type}/{stream}"
-        self.toxics[key] = (type, dict(attributes or {}), toxicity)
-        self._apply()
-        return {"name": name}
-
-    async def remove_toxic(self, proxy: str, name: str, /) -> object:
-        for key in [k for k in self.toxics if k.rsplit("/", 1)[0] == name]:
-            del self.toxics[key]
-        self._apply()
-        return {}
-
-    async def enable(self, name: str, /) -> object:
-        self.disabled.discard(name)
-        self._apply()
-        return {}
-
-    async def disable(self, name: str, /) -> object:
-        self.disabled.add(name)
-        self._apply()
-        return {}
-
-    def _apply(self) -> None:
-        link = self.link
-        lat = [a for t, a, _ in self.toxics.values() if t == "latency"]
-        link.extra_rtt = sum(float(a.get("latency", 0.0)) for a in lat) / 1e3
-        link.extra_jitter = max((float(a.get("jitter", 0.0)) for a in lat), default=0.0) / 1e3
-        resets = [(a, tox) for t, a, tox in self.toxics.values() if t == "reset_peer"]
-        if resets:
-            attrs, tox = resets[0]
-            if not link.resetting:
-                link.set_resets(tox, float(attrs.get("timeout", 0.0)) / 1e3, True)
-        elif link.resetting:
-            link.set_resets(0.0, 0.0, False)
-        timeouts = [a for t, a, _ in self.toxics.values() if t == "timeout"]
-        if self.disabled:
-            if link.partition != "disable":
-                link.cut("disable", 0.0)
-        elif timeouts:
-            if link.partition != "timeout":
-                link.cut("timeout", float(timeouts[0].get("timeout", 0.0)) / 1e3)
-        elif link.partition is not None:
-            link.heal()
+SIM_VERBS: frozenset[str] = frozenset(
+    {"bandwidth", "partition", "delay", "timeout", "reset", "slow_close"}
+)
+"""The link verbs the sim models; the byte-level ones (`slice`, `data_limit`) are refused."""
+SIM_LINK = LinkVerbs("sim", SIM_VERBS, "docs/sim.md")
 
 
 class SimLinkControl:
-    """`nemesis.fault.LinkControl` of the sim's link."""
+    """`nemesis.verbs.LinkControl` of the sim's link: each verb's state kept by key, the link
+    model's state recomputed from all of it after every change (`_apply`)."""
+
+    verbs = SIM_LINK
 
     def __init__(self, link: SimLink, proxies: Sequence[str]) -> None:
         self.link = link
         self._proxies = list(proxies)
-        self._client = SimToxics(link, proxies)
+        self.cut = False
+        """`partition` in force."""
+        self.delays: dict[str, tuple[float, float]] = {}
+        """By key: (rtt_s, jitter_s)."""
+        self.timeouts: dict[str, float] = {}
+        self.resets: dict[str, tuple[float, float]] = {}
+        """By key: (after_s, probability)."""
+        self.slow_closes: dict[str, tuple[float, float]] = {}
+        """By key: (delay_s, probability); recorded, changes nothing for transfers."""
 
     @property
     def configured_bytes_per_s(self) -> float:
@@ -110,25 +58,68 @@ class SimLinkControl:
     def proxies(self) -> Sequence[str]:
         return self._proxies
 
-    @property
-    def client(self) -> SimToxics:
-        return self._client
-
     async def set_bandwidth(self, real_bytes_per_s: float, /) -> None:
         self.link.set_bandwidth(real_bytes_per_s)
 
     async def partition(self) -> None:
-        """As the live LinkSetup: every proxy disabled (flows reset, new ones refused)."""
-        for name in self._proxies:
-            await self._client.disable(name)
+        """As the live link: every path cut (flows reset, new ones refused)."""
+        self.cut = True
+        self._apply()
 
     async def heal(self) -> None:
-        for name in self._proxies:
-            await self._client.enable(name)
+        self.cut = False
+        self._apply()
 
-    async def blackhole(self, on: bool, /) -> None:
-        """The kernel shaper's packet drop; the sim refuses `shaper: tc`, so nothing to do (the
-        `timeout` toxic black-holes the data, as with the emulator)."""
+    async def add_delay(self, key: str, /, *, rtt_s: float, jitter_s: float) -> None:
+        self.delays[key] = (rtt_s, jitter_s)
+        self._apply()
+
+    async def add_timeout(self, key: str, /, *, timeout_s: float) -> None:
+        self.timeouts[key] = timeout_s
+        self._apply()
+
+    async def add_reset(self, key: str, /, *, after_s: float, probability: float) -> None:
+        self.resets[key] = (after_s, probability)
+        self._apply()
+
+    async def add_slow_close(self, key: str, /, *, delay_s: float, probability: float) -> None:
+        self.slow_closes[key] = (delay_s, probability)
+
+    async def add_slicer(
+        self, key: str, /, *, average_bytes: int, variation_bytes: int, delay_s: float
+    ) -> None:
+        raise RuntimeError("link verb 'slice' is not modelled on the sim (docs/sim.md)")
+
+    async def add_data_limit(self, key: str, /, *, limit_bytes: int) -> None:
+        raise RuntimeError("link verb 'data_limit' is not modelled on the sim (docs/sim.md)")
+
+    async def remove(self, key: str, /) -> None:
+        self.delays.pop(key, None)
+        self.timeouts.pop(key, None)
+        self.resets.pop(key, None)
+        self.slow_closes.pop(key, None)
+        self._apply()
+
+    def _apply(self) -> None:
+        """The link model's state for the verbs in force: delays add up (jitter: the widest),
+        the first reset in force picks the transfers, a cut outranks a black hole."""
+        link = self.link
+        link.extra_rtt = sum(rtt for rtt, _ in self.delays.values())
+        link.extra_jitter = max((j for _, j in self.delays.values()), default=0.0)
+        if self.resets:
+            after, probability = next(iter(self.resets.values()))
+            if not link.resetting:
+                link.set_resets(probability, after, True)
+        elif link.resetting:
+            link.set_resets(0.0, 0.0, False)
+        if self.cut:
+            if link.partition != "disable":
+                link.cut("disable", 0.0)
+        elif self.timeouts:
+            if link.partition != "timeout":
+                link.cut("timeout", next(iter(self.timeouts.values())))
+        elif link.partition is not None:
+            link.heal()
 
 
 class SimProcesses:

@@ -2,7 +2,8 @@
 test only, is planned, played against a fake run and judged by the checkers like any built-in
 one; the docs' example, dropped into testbed/nemesis/actions/ of a fresh interpreter as its one
 file, is accepted in a scenario file (with errors worded like the built-ins'), planned and
-played."""
+played; the docs' slicer fault, which the sim cannot play, is refused by `testbed run
+--substrate sim` before the run with one line (never played to a VACUOUS verdict)."""
 
 from __future__ import annotations
 
@@ -155,16 +156,16 @@ import testbed.nemesis.actions
 testbed.nemesis.actions.__path__.append(sys.argv[1])  # as if in testbed/nemesis/actions/
 from testbed.clock import LiveClock
 from testbed.errors import ConfigError
-from testbed.nemesis import NemesisPlayer, instance_ids, plan_faults
+from testbed.nemesis import LINK_VERBS, LinkVerbs, NemesisPlayer, instance_ids, plan_faults
 from testbed.scenario.schema import load_scenario
 
 sc = load_scenario(sys.argv[2])
 faults = plan_faults(sc, instance_ids(1, 1, 1), link_enabled=True)
 
 class Link:
+    verbs = LinkVerbs("fake", LINK_VERBS, "-")
     configured_bytes_per_s = 12.5e9
     proxies = ["p0"]
-    client = object()
     caps = []
     async def set_bandwidth(self, v):
         self.configured_bytes_per_s = v
@@ -232,3 +233,41 @@ def test_the_docs_example_is_one_file_a_scenario_can_use(tmp_path: Path) -> None
         "this deployment has none",
     ]
     assert "throttle" not in ACTIONS  # this interpreter's registry is untouched
+
+
+FRAGMENT_RUN = """
+import sys
+import testbed.nemesis.actions
+testbed.nemesis.actions.__path__.append(sys.argv[1])  # as if in testbed/nemesis/actions/
+from testbed.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_slicer_fault_is_refused_on_the_sim_before_the_run(tmp_path: Path) -> None:
+    (tmp_path / "fragment.py").write_text(_example("testbed/nemesis/actions/fragment.py"))
+    scenario = {
+        **SCENARIO,
+        "nemesis": [
+            {"action": "bandwidth", "at": "1s", "for": "1s", "bandwidth": "10Gbps"},
+            {"action": "fragment", "at": "2s", "for": "2s", "size": 512},
+        ],
+        "checkers": [{"check": "recover", "fault": "fragment", "within": "5s", "ttft": "10s"}],
+    }
+    path = tmp_path / "frag.yaml"
+    path.write_text(yaml.safe_dump(scenario))
+    out = tmp_path / "out"
+    args = ["run", str(path), "--substrate", "sim", "--quiet", "--no-timeline", "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(FRAGMENT_RUN), str(tmp_path), *args],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    *before, last = proc.stderr.splitlines()
+    assert last == (
+        "testbed: error: nemesis[1] 'fragment': the sim cannot play link verb 'slice' (docs/sim.md)"
+    )
+    # refused when the sim builds its nemesis, before any virtual time: at most the run's
+    # banner came first (none once the run plan refuses it from the substrate's facts)
+    assert len(before) <= 1 and all(line.startswith("testbed: frag: ") for line in before)
+    assert proc.stdout == "" and not (out / "requests.jsonl").exists()

@@ -18,14 +18,15 @@ class BandwidthAction(LinkEvent):
 @ACTIONS.register
 class BandwidthFault(Fault[BandwidthAction]):
     config = BandwidthAction
+    verbs = frozenset({"bandwidth"})
 
     async def start(self, ctx: NemesisContext) -> dict[str, Any]:
-        link, _ = link_of(ctx)
+        link = link_of(ctx)
         self.before = link.configured_bytes_per_s
         await link.set_bandwidth(self.event.bandwidth)
         return {"gbps": self.event.bandwidth * 8 / 1e9, "was_gbps": self.before * 8 / 1e9}
 
     async def end(self, ctx: NemesisContext) -> dict[str, Any]:
-        link, _ = link_of(ctx)
+        link = link_of(ctx)
         await link.set_bandwidth(self.before)
         return {"gbps": self.before * 8 / 1e9}

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from testbed.config import Duration
-from testbed.nemesis.fault import ACTIONS, NemesisContext
-from testbed.nemesis.link import LinkEvent, ToxicFault, ToxicSpec
+from testbed.nemesis.fault import ACTIONS
+from testbed.nemesis.link import LinkEvent, LinkFault
+from testbed.nemesis.verbs import LinkControl
 
 
 class LatencyAction(LinkEvent):
@@ -24,12 +25,11 @@ class LatencyAction(LinkEvent):
 
 
 @ACTIONS.register
-class LatencyFault(ToxicFault[LatencyAction]):
+class LatencyFault(LinkFault[LatencyAction]):
     config = LatencyAction
+    verbs = frozenset({"delay"})
 
-    def toxics(self, ctx: NemesisContext) -> list[ToxicSpec]:
-        attrs = {
-            "latency": self._wall_ms(ctx, (self.event.rtt or 0.0) / 2),
-            "jitter": self._wall_ms(ctx, self.event.jitter or 0.0),
-        }
-        return [("latency", s, attrs, 1.0) for s in ("upstream", "downstream")]
+    async def apply(self, link: LinkControl, key: str) -> dict[str, Any]:
+        rtt, jitter = self.event.rtt or 0.0, self.event.jitter or 0.0
+        await link.add_delay(key, rtt_s=rtt, jitter_s=jitter)
+        return {"rtt_ms": rtt * 1e3, "jitter_ms": jitter * 1e3}

@@ -1,7 +1,7 @@
 """partition: `mode: disable` closes the link proxies (connections reset, new ones refused);
 `mode: timeout` black-holes data instead and closes a connection after `timeout` of quiet.
 With the kernel shaper (`link.shaper: tc`) both modes also drop every packet crossing the link in
-the kernel until the end (LinkSetup.partition / heal / blackhole)."""
+the kernel until the end (the `partition` and `timeout` link verbs, testbed.nemesis.verbs)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from typing import Any, Literal
 from pydantic import model_validator
 
 from testbed.config import Duration
+from testbed.nemesis.event import NemesisEvent
 from testbed.nemesis.fault import ACTIONS, NemesisContext
-from testbed.nemesis.link import LinkEvent, ToxicFault, ToxicSpec, link_of
+from testbed.nemesis.link import LinkEvent, LinkFault, link_of
+from testbed.nemesis.verbs import LinkControl
 
 
 class PartitionAction(LinkEvent):
@@ -28,28 +30,26 @@ class PartitionAction(LinkEvent):
 
 
 @ACTIONS.register
-class PartitionFault(ToxicFault[PartitionAction]):
+class PartitionFault(LinkFault[PartitionAction]):
     config = PartitionAction
+    verbs = frozenset({"partition", "timeout"})
 
-    def toxics(self, ctx: NemesisContext) -> list[ToxicSpec]:
-        timeout_ms = round(self._wall_ms(ctx, self.event.timeout or 0.0))
-        return [("timeout", s, {"timeout": timeout_ms}, 1.0) for s in ("upstream", "downstream")]
+    @classmethod
+    def verbs_for(cls, event: NemesisEvent) -> frozenset[str]:
+        """`disable` cuts the link (`partition`), `timeout` black-holes it (`timeout`)."""
+        assert isinstance(event, PartitionAction)
+        return frozenset({"partition" if event.mode == "disable" else "timeout"})
 
-    async def start(self, ctx: NemesisContext) -> dict[str, Any]:
+    async def apply(self, link: LinkControl, key: str) -> dict[str, Any]:
         if self.event.mode == "timeout":
-            link, _ = link_of(ctx)
-            await link.blackhole(True)
-            return {"mode": "timeout", **await super().start(ctx)}
-        link, _ = link_of(ctx)
+            timeout = self.event.timeout or 0.0
+            await link.add_timeout(key, timeout_s=timeout)
+            return {"mode": "timeout", "timeout_s": timeout}
         await link.partition()
         return {"mode": "disable", "proxies": len(link.proxies)}
 
     async def end(self, ctx: NemesisContext) -> dict[str, Any]:
         if self.event.mode == "timeout":
-            out = await super().end(ctx)
-            link, _ = link_of(ctx)
-            await link.blackhole(False)
-            return out
-        link, _ = link_of(ctx)
-        await link.heal()
+            return await super().end(ctx)  # removes the black hole added under its key
+        await link_of(ctx).heal()
         return {}

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from testbed.config import Duration
-from testbed.nemesis.fault import ACTIONS, NemesisContext
-from testbed.nemesis.link import LinkEvent, ToxicFault, ToxicSpec
+from testbed.nemesis.fault import ACTIONS
+from testbed.nemesis.link import LinkEvent, LinkFault
+from testbed.nemesis.verbs import LinkControl
 
 
 class ResetPeerAction(LinkEvent):
@@ -19,9 +20,11 @@ class ResetPeerAction(LinkEvent):
 
 
 @ACTIONS.register
-class ResetPeerFault(ToxicFault[ResetPeerAction]):
+class ResetPeerFault(LinkFault[ResetPeerAction]):
     config = ResetPeerAction
+    verbs = frozenset({"reset"})
 
-    def toxics(self, ctx: NemesisContext) -> list[ToxicSpec]:
-        attrs = {"timeout": round(self._wall_ms(ctx, self.event.timeout or 0.0))}
-        return [("reset_peer", "upstream", attrs, self.event.toxicity)]
+    async def apply(self, link: LinkControl, key: str) -> dict[str, Any]:
+        after = self.event.timeout or 0.0
+        await link.add_reset(key, after_s=after, probability=self.event.toxicity)
+        return {"after_s": after, "toxicity": self.event.toxicity}

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from testbed.config import Duration
-from testbed.nemesis.fault import ACTIONS, NemesisContext
-from testbed.nemesis.link import LinkEvent, ToxicFault, ToxicSpec
+from testbed.nemesis.fault import ACTIONS
+from testbed.nemesis.link import LinkEvent, LinkFault
+from testbed.nemesis.verbs import LinkControl
 
 
 class SlowCloseAction(LinkEvent):
@@ -18,9 +19,11 @@ class SlowCloseAction(LinkEvent):
 
 
 @ACTIONS.register
-class SlowCloseFault(ToxicFault[SlowCloseAction]):
+class SlowCloseFault(LinkFault[SlowCloseAction]):
     config = SlowCloseAction
+    verbs = frozenset({"slow_close"})
 
-    def toxics(self, ctx: NemesisContext) -> list[ToxicSpec]:
-        attrs = {"delay": round(self._wall_ms(ctx, self.event.delay))}
-        return [("slow_close", s, attrs, self.event.toxicity) for s in ("upstream", "downstream")]
+    async def apply(self, link: LinkControl, key: str) -> dict[str, Any]:
+        delay = self.event.delay
+        await link.add_slow_close(key, delay_s=delay, probability=self.event.toxicity)
+        return {"delay_s": delay, "toxicity": self.event.toxicity}
