@@ -128,6 +128,11 @@ def _check_fault(fault: type[Fault[Any]]) -> None:
     unknown = sorted(set(fault.verbs) - LINK_VERBS)
     if unknown:
         raise TypeError(f"{label}: unknown link verbs {unknown}; known: {sorted(LINK_VERBS)}")
+    if hasattr(fault, "apply") and not fault.verbs:  # a LinkFault (testbed.nemesis.link)
+        raise TypeError(
+            f"{label}: declares no link verbs; say which it uses, e.g. "
+            "verbs = frozenset({'delay'}), so a substrate that cannot play them refuses it"
+        )
     if inspect.isabstract(fault):
         raise TypeError(f"{label}: implements no start(ctx)")
 

@@ -147,3 +147,17 @@ def test_partition_declares_the_verb_of_its_mode() -> None:
     assert partition.verbs_for(timeout) == {"timeout"}
     for fault in ACTIONS.entries():
         assert fault.verbs <= LINK_VERBS, fault
+
+
+def test_a_link_fault_that_declares_no_verbs_is_not_registered() -> None:
+    class Silent(FragmentFault):
+        verbs = frozenset()
+
+    class Unknown(FragmentFault):
+        verbs = frozenset({"teleport"})
+
+    with pytest.raises(TypeError, match="declares no link verbs"):
+        ACTIONS.register(Silent)
+    with pytest.raises(TypeError, match=r"unknown link verbs \['teleport'\]"):
+        ACTIONS.register(Unknown)
+    assert "fragment" not in ACTIONS
