@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("services",),
     ("substrate", "sim"),
     ("scenario", "verify"),
+    ("experiment",),
     ("cli",),
 )
 """Lowest first: the top-level names under testbed/ (modules or packages) of each layer."""

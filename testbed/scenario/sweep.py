@@ -16,14 +16,13 @@ call of `run_cell`, a pure function of its inputs, so the results are identical.
 
 from __future__ import annotations
 
-import bisect
 import copy
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import yaml
 
@@ -32,6 +31,7 @@ from testbed.config import load_yaml
 from testbed.errors import ConfigError, UserError
 from testbed.metrics.records import RequestRecord
 from testbed.metrics.summary import summarize
+from testbed.metrics.window import completion_rate, steady_window
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.schema import Scenario, scenario_from_data
 from testbed.scenario.sim_run import sim_inputs
@@ -42,6 +42,7 @@ __all__ = [
     "Axis",
     "Cell",
     "cells",
+    "map_cells",
     "parse_set",
     "parse_setting",
     "run_cell",
@@ -57,6 +58,7 @@ SATURATION_MIN_S = 600.0
 must dwarf the time a request spends in the system (~25 s on the paper's workload), or the
 ramp-up reads as lost throughput (-10% at 120 s on the paper's deployment, -2.7% at 600 s)."""
 MAX_CELLS = 10_000
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -194,11 +196,6 @@ def cell_scenario(cell: Cell, base: dict[str, Any] | None = None) -> Scenario:
         raise UserError(f"{exc} (with --set {shown})") from None
 
 
-def completion_rate(records: Iterable[RequestRecord], lo: float, hi: float) -> float:
-    ends = sorted(r.last_token for r in records if r.status == "completed" and r.last_token)
-    return (bisect.bisect_right(ends, hi) - bisect.bisect_left(ends, lo)) / (hi - lo)
-
-
 def simulate_scenario(
     scenario: Scenario, max_requests: int | None = None
 ) -> tuple[Any, dict[str, Any], list[RequestRecord]]:
@@ -253,8 +250,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
             }
         )
         rp_sat, _, records = simulate_scenario(sat, cell.max_requests)
-        lo, hi = rp_sat.duration_s / 6, rp_sat.duration_s
-        rate = completion_rate(records, lo, hi)
+        rate = completion_rate(records, *steady_window(rp_sat.duration_s))
         gap = rate / plan.lambda_max_rps - 1 if plan.lambda_max_rps else None
         row.update(
             {
@@ -278,21 +274,37 @@ def run_grid(
 
     `fn` makes a cell's row (default `run_cell`); presets of the sweep (`testbed hindsight`,
     `testbed scorecard`) pass their own, a module-level function so a worker can unpickle it."""
+    return map_cells(todo, fn, jobs=jobs, ray_address=ray_address, on_row=on_row)
+
+
+def map_cells(
+    todo: Sequence[Cell],
+    fn: Callable[[Cell], R],
+    *,
+    jobs: int = 1,
+    ray_address: str | None = None,
+    on_row: Callable[[int, R], None] | None = None,
+) -> list[R]:
+    """`fn` of every cell, in grid order, from a process pool or a Ray cluster: `run_grid` for
+    any result type (testbed.experiment's typed rows)."""
+    if not todo:
+        return []
     cell_scenario(todo[0])  # a bad --set fails here, once, before any worker starts
     if ray_address is not None:
         from testbed.scenario.sweep_ray import run_on_ray
 
-        rows = run_on_ray(todo, ray_address, fn)
+        # run_on_ray is typed for the sweep's dict rows; it returns whatever `fn` returns
+        rows = cast(list[R], run_on_ray(todo, ray_address, cast(Callable[[Cell], Any], fn)))
         for i, row in enumerate(rows):
             if on_row is not None:
                 on_row(i, row)
         return rows
-    results: list[dict[str, Any] | None] = [None] * len(todo)
+    results: dict[int, R] = {}
     if jobs <= 1:
         for i, cell in enumerate(todo):
             results[i] = fn(cell)
             if on_row is not None:
-                on_row(i, results[i])  # type: ignore[arg-type]
+                on_row(i, results[i])
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             futures = {pool.submit(fn, cell): i for i, cell in enumerate(todo)}
@@ -302,5 +314,5 @@ def run_grid(
                 i = futures[fut]
                 results[i] = fut.result()
                 if on_row is not None:
-                    on_row(i, results[i])  # type: ignore[arg-type]
-    return [r for r in results if r is not None]
+                    on_row(i, results[i])
+    return [results[i] for i in range(len(todo))]
