@@ -17,6 +17,7 @@ with this reason, pull the prefix from this instance). What the core owns:
   comes from (or why it is skipped);
 - the attempt's record fields, the KV verification reset and the cache's bookkeeping once a
   prefill answered;
+- the load accounting: what an attempt holds on the load book and when each half is released;
 - the policy's snapshot and the cost model, from the load book and the scheduler state.
 
 The messages a failure carries are made here too (`Failure` constructors), so the live
@@ -41,6 +42,7 @@ __all__ = [
     "REASON_JOIN",
     "SKIP_LOCAL",
     "SKIP_PRFAAS",
+    "AttemptLoad",
     "Failure",
     "RequestDispatch",
     "begin_attempt",
@@ -272,6 +274,36 @@ def prefill_answered(
     if cache is not None:
         cache.insert(cluster, keys, rec.input_tokens)
         cache.record_prefill(cluster, plan)
+
+
+@dataclass(eq=False)
+class AttemptLoad:
+    """What one attempt holds on the load book (the load signal the policy and the scheduler
+    read): its prefill's tokens until the prefill answers (its KV acknowledged), its decode's
+    output until the decode ends. Charged when made; each half released once, however the
+    attempt ends."""
+
+    book: LoadBook
+    prefill: str
+    tokens: float
+    decode: str
+    out: float
+    prefill_held: bool = True
+    """The prefill's call has not answered yet."""
+    decode_held: bool = True
+
+    def __post_init__(self) -> None:
+        self.book.charge(self.prefill, self.tokens, self.decode, self.out, +1)
+
+    def release_prefill(self) -> None:
+        if self.prefill_held:
+            self.prefill_held = False
+            self.book.charge(self.prefill, self.tokens, None, 0, -1)
+
+    def release_decode(self) -> None:
+        if self.decode_held:
+            self.decode_held = False
+            self.book.charge(None, 0, self.decode, self.out, -1)
 
 
 def finish(rec: RequestRecord, failure: str | None) -> None:

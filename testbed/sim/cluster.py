@@ -98,11 +98,6 @@ class SimCluster:
 
     # ------------------------------------------------------------------ load and health
 
-    def charge(
-        self, prefill: str | None, tokens: float, decode: str | None, out: float, sign: int
-    ) -> None:
-        self.book.charge(prefill, tokens, decode, out, sign)
-
     def snapshot(self, exclude: frozenset[str] = frozenset()) -> Snapshot:
         """The policy's view (dispatch.core.snapshot, as the live router's)."""
         has_link = self.link is not None

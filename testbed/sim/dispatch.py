@@ -69,12 +69,11 @@ class Attempt:
     plan: CachePlan
     wire_bytes: int
     cross_dc: bool
+    load: core.AttemptLoad
+    """What it holds on the load book; `load.prefill_held` until its prefill's call answers."""
     job: PrefillJob | None = None
     flow: Flow | None = None
     slot: Slot | None = None
-    prefill_charged: bool = True
-    """The prefill's call has not answered yet (its KV is not acknowledged)."""
-    decode_charged: bool = True
     decoded: bool = False
     """Every token is out; the attempt ends once its prefill's call answers too."""
     over: bool = False
@@ -246,9 +245,11 @@ class SimDispatcher:
         rec = req.rec
         wire = self._kv_wire_bytes(plan.kv_tokens)
         core.start_attempt(rec, route, prefill.cluster != decode.cluster, plan, wire)
-        att = Attempt(req, prefill, decode, plan, wire, rec.cross_dc)
+        load = core.AttemptLoad(
+            self.cluster.book, prefill.id, plan.prefill_tokens, decode.id, rec.output_tokens
+        )
+        att = Attempt(req, prefill, decode, plan, wire, rec.cross_dc, load)
         req.current = att
-        self.cluster.charge(prefill.id, plan.prefill_tokens, decode.id, rec.output_tokens, +1)
         if not decode.alive or decode.decode is None:
             self._attempt_failed(att, Failure.decode_lost(decode.id, CONNECT_ERROR))
             return
@@ -320,20 +321,15 @@ class SimDispatcher:
     def _acked(self, att: Attempt) -> None:
         """The prefill's call answers: its KV is acknowledged (the live router awaits this
         before the decode's end, so a request ends only when both have)."""
-        if not att.prefill_charged:
+        if not att.load.prefill_held:
             return  # the attempt was abandoned
         rec = att.req.rec
         rec.transfer_end = self.loop.time()
         rec.kv_wire_bytes_sent = att.wire_bytes
-        self._release_prefill(att)
+        att.load.release_prefill()
         core.prefill_answered(self.cache, att.prefill.cluster, att.req.keys, rec, att.plan)
         if att.decoded:
             self._complete(att)
-
-    def _release_prefill(self, att: Attempt) -> None:
-        if att.prefill_charged:
-            att.prefill_charged = False
-            self.cluster.charge(att.prefill.id, att.plan.prefill_tokens, None, 0, -1)
 
     def _decoded(self, att: Attempt, first: float, last: float) -> None:
         if att.over:
@@ -343,20 +339,15 @@ class SimDispatcher:
             rec.first_token = first
         rec.last_token = last
         rec.tokens_out = rec.output_tokens
-        self._release_decode(att)
+        att.load.release_decode()
         att.decoded = True
-        if not att.prefill_charged:
+        if not att.load.prefill_held:
             self._complete(att)
 
     def _complete(self, att: Attempt) -> None:
         att.over = True
         att.req.current = None
         self._finish(att.req, None)
-
-    def _release_decode(self, att: Attempt) -> None:
-        if att.decode_charged:
-            att.decode_charged = False
-            self.cluster.charge(None, 0, att.decode.id, att.req.rec.output_tokens, -1)
 
     # ------------------------------------------------------------------ failures
 
@@ -382,8 +373,8 @@ class SimDispatcher:
                     rec.first_token = att.slot.first_token
                 rec.tokens_out = max(rec.tokens_out, att.slot.generated)
             dec.cancel(att.slot)
-        self._release_prefill(att)
-        self._release_decode(att)
+        att.load.release_prefill()
+        att.load.release_decode()
 
     def _attempt_failed(self, att: Attempt, failure: Failure) -> None:
         if att.over:
@@ -407,5 +398,5 @@ class SimDispatcher:
                 continue
             if att.decode is inst and not att.decoded:
                 self._attempt_failed(att, Failure.decode_lost(inst.id, reason))
-            elif att.prefill is inst and att.prefill_charged:
+            elif att.prefill is inst and att.load.prefill_held:
                 self._attempt_failed(att, Failure.prefill_unreachable(inst.id, reason))

@@ -29,7 +29,7 @@ def _router(hardware: dict[str, str | None]) -> RouterState:
 @pytest.mark.parametrize("prfaas_hw", ["h200x8", "h20x8"])
 def test_costs_and_queue_wait_follow_the_instances_hardware(prfaas_hw: str) -> None:
     state = _router({"prfaas": prfaas_hw, "local": "h20x8"})
-    state._charge("p0", 30_000, "d0", 100, +1)
+    state.book.charge("p0", 30_000, "d0", 100, +1)
     snap = state.snapshot()
     assert snap.costs is not None
     want = MODEL.prefill_time(prfaas_hw, 30_000)
@@ -41,7 +41,7 @@ def test_costs_and_queue_wait_follow_the_instances_hardware(prfaas_hw: str) -> N
 
 def test_without_hardware_there_are_no_cost_curves_and_no_queue_wait() -> None:
     state = _router({"prfaas": None, "local": None})
-    state._charge("p0", 30_000, "d0", 100, +1)
+    state.book.charge("p0", 30_000, "d0", 100, +1)
     snap = state.snapshot()
     assert snap.costs is None
     assert snap.least_loaded("prfaas", "prefill").queue_wait_s == 0.0

@@ -173,11 +173,6 @@ class RouterState:
     def mark_down(self, instance: str) -> None:
         self.book.set_healthy(instance, False)
 
-    def _charge(
-        self, prefill: str | None, tokens: float, decode: str | None, out: float, sign: int
-    ) -> None:
-        self.book.charge(prefill, tokens, decode, out, sign)
-
     async def watch_health(self) -> None:
         """Bring instances that failed back into rotation once they answer /health again."""
         while True:
@@ -305,7 +300,9 @@ class RouterState:
         # Each attempt travels under its own unguessable wire id (transfer/capability.py), the
         # capability only this decode and this prefill are handed; records keep rec.id.
         wire_id = new_wire_id()
-        self._charge(prefill.id, plan.prefill_tokens, decode.id, rec.output_tokens, +1)
+        load = core.AttemptLoad(
+            self.book, prefill.id, plan.prefill_tokens, decode.id, rec.output_tokens
+        )
         try:
             registered = asyncio.Event()
             decode_task = asyncio.create_task(
@@ -359,11 +356,11 @@ class RouterState:
                     await decode_task
                 raise
             finally:
-                self._charge(prefill.id, plan.prefill_tokens, None, 0, -1)
+                load.release_prefill()
             core.prefill_answered(self.cache, prefill.cluster, keys, rec, plan)
             await decode_task
         finally:
-            self._charge(None, 0, decode.id, rec.output_tokens, -1)
+            load.release_decode()
 
     async def _cache_plan(
         self, req: RequestDispatch, route: Route, look: CacheLookup, decode: InstanceInfo
