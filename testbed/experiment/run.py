@@ -24,6 +24,7 @@ from testbed.metrics.summary import summarize
 from testbed.scenario.plan import RunOptions, RunPlan, prepare_run
 from testbed.scenario.schema import Scenario
 from testbed.scenario.sweep import Cell, cell_scenario, map_cells
+from testbed.substrates import substrate_facts
 
 __all__ = ["Row", "Run", "run_experiment", "run_scenario_once"]
 
@@ -70,7 +71,7 @@ def run_scenario_once(
     checkers: bool = True,
 ) -> Run:
     """Run `scenario` once on `substrate` (live: into a temporary directory) and keep it all."""
-    if substrate == "sim":
+    if substrate_facts(substrate).virtual_time:  # testbed.substrates: the sim
         from testbed.checkers import run_checkers
         from testbed.scenario.sim_run import sim_inputs
         from testbed.sim import simulate
@@ -140,6 +141,6 @@ def run_experiment(
     pure function of its settings). Live grids run one cell at a time whatever `jobs` says."""
     todo = grid.cells()
     fn = functools.partial(_run_cell, measure, grid.substrate, checkers)
-    if grid.substrate != "sim":
+    if not substrate_facts(grid.substrate).virtual_time:  # live: one at a time
         jobs, ray_address = 1, None
     return map_cells(todo, fn, jobs=jobs, ray_address=ray_address, on_row=on_row)

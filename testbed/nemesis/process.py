@@ -13,20 +13,30 @@ from testbed.errors import ConfigError
 from testbed.nemesis.event import NemesisEvent
 from testbed.nemesis.fault import Fault, NemesisContext
 
-__all__ = ["NEMESIS_TARGET_GROUPS", "ProcessEvent", "ProcessFault", "Target", "instance_ids"]
+__all__ = [
+    "NEMESIS_TARGET_GROUPS",
+    "ProcessEvent",
+    "ProcessFault",
+    "Target",
+    "group_ids",
+    "instance_ids",
+]
 
 NEMESIS_TARGET_GROUPS = ("prfaas-prefill", "local-prefill", "local-decode")
 """Process-fault targets: a group (`count` of its instances, picked from the seed) or one
 instance id such as `local-decode-1`."""
 
 
+def group_ids(group: str, n: int) -> tuple[str, ...]:
+    """The ids of a group's `n` instances, `<group>-<i>`: the one place an instance is named
+    (a run's layout, testbed.substrate.layout, names its instances with it)."""
+    return tuple(f"{group}-{i}" for i in range(n))
+
+
 def instance_ids(n_prfaas: int, n_prefill: int, n_decode: int) -> list[str]:
-    """The worker ids of a deployment, as the runner names them."""
-    return (
-        [f"prfaas-prefill-{i}" for i in range(n_prfaas)]
-        + [f"local-prefill-{i}" for i in range(n_prefill)]
-        + [f"local-decode-{i}" for i in range(n_decode)]
-    )
+    """The worker ids of a deployment (`Layout.workers`), for a caller with the counts only."""
+    counts = dict(zip(NEMESIS_TARGET_GROUPS, (n_prfaas, n_prefill, n_decode), strict=True))
+    return [iid for group, n in counts.items() for iid in group_ids(group, n)]
 
 
 def _nemesis_target(value: str) -> str:

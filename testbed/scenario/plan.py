@@ -23,18 +23,16 @@ from testbed.engine.torch import live
 from testbed.errors import UserError
 from testbed.metrics.bench import DEFAULT_PERCENTILES
 from testbed.metrics.records import HistoryEvent, RequestRecord
-from testbed.nemesis import (
-    PlannedFault,
-    burst_requests,
-    check_timeline_fits,
-    instance_ids,
-    plan_faults,
-)
+from testbed.nemesis import PlannedFault, burst_requests, check_timeline_fits, plan_faults
+from testbed.nemesis.process import group_ids
 from testbed.planner import StagePlan, plan_deployment, plan_inputs
 from testbed.policy import POLICIES, get_policy
+from testbed.policy.base import measures_link
 from testbed.policy.http import is_http_spec
 from testbed.scenario.limits import check_request_count, check_requests_made
 from testbed.scenario.schema import Scenario
+from testbed.scheduler.spec import SchedulerSpec
+from testbed.substrate.layout import Layout
 from testbed.substrate.shaper import preflight_shaper
 from testbed.substrates import load_attr, substrate_facts
 from testbed.workload.build import length_distribution
@@ -119,6 +117,8 @@ class RunPlan:
     rate_rps: float | None
     duration_s: float
     requests: list[RequestSpec]
+    layout: Layout
+    """The instances, the scheduler loops' spec and the starting events, for every substrate."""
     faults: list[PlannedFault] = field(default_factory=list)
     """The nemesis timeline, targets resolved (testbed.nemesis)."""
     shift_plan: StagePlan | None = None
@@ -293,15 +293,64 @@ def _prepare(scenario: Scenario, opts: RunOptions) -> RunPlan:
             "scale.time_scale: auto applies to engine: torch only (it calibrates the tiny "
             "model's compute on this host); give a number"
         )
-    n_prfaas = dep.prfaas.instances if dep.prfaas is not None else 0
-    ids = instance_ids(n_prfaas, n_prefill, n_decode)
-    faults = plan_faults(scenario, ids, link_enabled=dep.prfaas is not None)
+    layout = _layout(scenario, dep, policy, n_prefill, n_decode, threshold, plan, shift_plan)
+    faults = plan_faults(scenario, layout.workers, link_enabled=dep.prfaas is not None)
     rp = RunPlan(
-        scenario, name, dep, policy, plan, threshold, n_prefill, n_decode, rate, duration, requests
-    )
+        scenario, name, dep, policy, plan, threshold, n_prefill, n_decode, rate, duration,
+        requests, layout,
+    )  # fmt: skip
     rp.faults = faults
     rp.calibration = calibration
     rp.shift_plan, rp.shift_rate_rps = shift_plan, shift_rate
     if dep.prfaas is not None:  # last: a tc preflight touches the kernel
         rp.shaper_note = preflight_shaper(opts.substrate, dep.link)
     return rp
+
+
+def _layout(
+    scenario: Scenario,
+    dep: DeploymentConfig,
+    policy: str,
+    n_prefill: int,
+    n_decode: int,
+    threshold: float | None,
+    plan: StagePlan,
+    shift_plan: StagePlan | None,
+) -> Layout:
+    """The run's instances, loops and starting events (testbed.substrate.layout), decided
+    here once for every substrate."""
+    facts = get_policy(policy)
+    link = dep.prfaas is not None
+    switchable = facts.long_term and link and dep.engine == "emulated"
+    scheduler: SchedulerSpec | None = None
+    # the loops run for a policy that re-plans, and to measure the link for one that reads it
+    if facts.replans or (measures_link(facts) and link):
+        scheduler = SchedulerSpec(
+            deployment=dep,
+            lengths=scenario.workload.lengths,
+            output_tokens=scenario.workload.output_tokens,
+            tpot_slo_s=scenario.slo.tpot,
+            threshold_step=scenario.planner.threshold_step,
+            n_prefill=n_prefill,
+            short_term=scenario.policy.short_term,
+            long_term=scenario.policy.long_term if switchable else None,
+            n_local=dep.local.instances,
+            replans=facts.replans,
+        )
+    shift = scenario.workload.shift
+    return Layout(
+        prfaas_prefill=group_ids("prfaas-prefill", dep.prfaas.instances if dep.prfaas else 0),
+        local_prefill=group_ids("local-prefill", n_prefill),
+        local_decode=group_ids("local-decode", n_decode),
+        switchable=switchable,
+        scheduler=scheduler,
+        threshold_tokens=threshold,
+        plan_event={
+            "lambda_max_rps": plan.lambda_max_rps,
+            "n_prefill": n_prefill,
+            "n_decode": n_decode,
+            "shift_at": shift.at if shift is not None else None,
+            "shift_lambda_max_rps": shift_plan.lambda_max_rps if shift_plan else None,
+            "shift_n_prefill": shift_plan.n_prefill if shift_plan else None,
+        },
+    )

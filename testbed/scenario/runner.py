@@ -30,13 +30,11 @@ from testbed.link.deployment import LinkSetup
 from testbed.metrics.files import Journal, write_jsonl_atomic
 from testbed.metrics.records import HistoryEvent, JournaledHistory, RequestRecord
 from testbed.nemesis import NemesisPlayer, stop_player
-from testbed.policy import get_policy
-from testbed.policy.base import measures_link
 from testbed.scenario.outside import OwnedScheduler, start_owned_scheduler
 from testbed.scenario.plan import Progress, RunOptions, RunPlan, RunResult
 from testbed.scenario.results import write_results
 from testbed.scenario.signals import stop_signals
-from testbed.services.spec import InstanceInfo, SchedulerSpec, ServiceSpec
+from testbed.services.spec import InstanceInfo, ServiceSpec
 from testbed.substrate import make_substrate
 from testbed.substrate.base import ServiceHandle, Substrate
 from testbed.workload.generate import RequestSpec
@@ -144,26 +142,21 @@ class _Run:
 
     async def start(self) -> None:
         dep = self.rp.deployment
-        # The torch engine has no role-switchable service yet: its runs keep the split.
-        switchable = (
-            get_policy(self.rp.policy).long_term
-            and dep.prfaas is not None
-            and dep.engine == "emulated"
-        )
-        n_dec, n_pre = self.rp.n_decode, self.rp.n_prefill
-        n_far = dep.prfaas.instances if dep.prfaas is not None else 0
+        layout = self.rp.layout  # the instances and loops, as every substrate has them
+        switchable = layout.switchable
+        n_dec, n_pre = len(layout.local_decode), len(layout.local_prefill)
+        n_far = len(layout.prfaas_prefill)
         local = ["pd"] * (n_dec + n_pre) if switchable else ["decode"] * n_dec + ["prefill"] * n_pre
         await self.substrate.warm(local + ["prefill"] * n_far + ["router"],
                                   dep.link if n_far else None, self.rp.scenario.seed)  # fmt: skip
         self.scheduler = await start_owned_scheduler(self.rp, self.opts.out_dir)
         local_specs = [
-            self._spec("decode", f"local-decode-{i}", "local", dep.local.hardware)
-            for i in range(self.rp.n_decode)
+            self._spec("decode", iid, "local", dep.local.hardware) for iid in layout.local_decode
         ]
         if switchable:  # every local PD instance can take either role (services/pd.py)
             local_specs += [
-                self._spec("prefill", f"local-prefill-{i}", "local", dep.local.hardware)
-                for i in range(self.rp.n_prefill)
+                self._spec("prefill", iid, "local", dep.local.hardware)
+                for iid in layout.local_prefill
             ]
             lt = self.rp.scenario.policy.long_term
             local_specs = [
@@ -187,13 +180,13 @@ class _Run:
         prefill_specs = []
         if dep.prfaas is not None:
             prefill_specs += [
-                self._spec("prefill", f"prfaas-prefill-{i}", "prfaas", dep.prfaas.hardware)
-                for i in range(dep.prfaas.instances)
+                self._spec("prefill", iid, "prfaas", dep.prfaas.hardware)
+                for iid in layout.prfaas_prefill
             ]
         if not switchable:
             prefill_specs += [
-                self._spec("prefill", f"local-prefill-{i}", "local", dep.local.hardware)
-                for i in range(self.rp.n_prefill)
+                self._spec("prefill", iid, "local", dep.local.hardware)
+                for iid in layout.local_prefill
             ]
         # Prefill workers send KV only to the deployment's receivers (services/kv_targets.py);
         # PD instances, started above, get the same list from the router when they ask.
@@ -233,22 +226,7 @@ class _Run:
         router_spec.threshold_tokens = self.rp.threshold_tokens
         router_spec.instances = instances
         router_spec.prefix_cache_bytes = cluster_capacities(dep)
-        policy_cls = get_policy(self.rp.policy)
-        # the loops run for a policy that re-plans, and to measure the link for one that reads it
-        if policy_cls.replans or (measures_link(policy_cls) and dep.prfaas is not None):
-            sc = self.rp.scenario
-            router_spec.scheduler = SchedulerSpec(
-                deployment=dep,
-                lengths=sc.workload.lengths,
-                output_tokens=sc.workload.output_tokens,
-                tpot_slo_s=sc.slo.tpot,
-                threshold_step=sc.planner.threshold_step,
-                n_prefill=self.rp.n_prefill,
-                short_term=sc.policy.short_term,
-                long_term=sc.policy.long_term if switchable else None,
-                n_local=dep.local.instances,
-                replans=policy_cls.replans,
-            )
+        router_spec.scheduler = layout.scheduler
         self.router = (await self._start_all([router_spec]))[0]
 
     async def shutdown(self) -> None:
@@ -339,27 +317,8 @@ class _Run:
         reqs = self.rp.requests
         self.clock = self.service_clock.rebased()  # real-world 0: the first arrival's origin
         last_arrival = reqs[-1].arrival
-        if self.rp.threshold_tokens is not None:
-            self.history.append(
-                HistoryEvent(0.0, "policy", {"threshold_tokens": self.rp.threshold_tokens})
-            )
-        shift = self.rp.scenario.workload.shift
-        self.history.append(
-            HistoryEvent(
-                0.0,
-                "plan",
-                {
-                    "lambda_max_rps": self.rp.plan.lambda_max_rps,
-                    "n_prefill": self.rp.n_prefill,
-                    "n_decode": self.rp.n_decode,
-                    "shift_at": shift.at if shift is not None else None,
-                    "shift_lambda_max_rps": (
-                        self.rp.shift_plan.lambda_max_rps if self.rp.shift_plan else None
-                    ),
-                    "shift_n_prefill": self.rp.shift_plan.n_prefill if self.rp.shift_plan else None,
-                },
-            )
-        )
+        for event in self.rp.layout.start_events():  # the threshold in force and the plan
+            self.history.append(event)
         connector = aiohttp.TCPConnector(limit=0)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:

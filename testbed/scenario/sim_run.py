@@ -20,33 +20,18 @@ __all__ = ["run_sim", "sim_inputs"]
 def sim_inputs(rp: RunPlan, opts: RunOptions) -> SimInputs:
     """The parts of a run plan the sim reads."""
     sc = rp.scenario
-    shift = sc.workload.shift
     return SimInputs(
         deployment=rp.deployment,
         policy=rp.policy,
         threshold_tokens=rp.threshold_tokens,
-        n_prefill=rp.n_prefill,
-        n_decode=rp.n_decode,
+        layout=rp.layout,
         requests=rp.requests,
         faults=rp.faults,
         seed=sc.seed,
         scale=Scale.of(sc.scale),
         tpot_slo_s=sc.slo.tpot,
-        lengths=sc.workload.lengths,
-        output_tokens=sc.workload.output_tokens,
-        threshold_step=sc.planner.threshold_step,
-        short_term=sc.policy.short_term,
-        long_term=sc.policy.long_term,
         policy_config=sc.policy,
         drain_timeout_s=opts.drain_timeout_s,
-        plan_event={
-            "lambda_max_rps": rp.plan.lambda_max_rps,
-            "n_prefill": rp.n_prefill,
-            "n_decode": rp.n_decode,
-            "shift_at": shift.at if shift is not None else None,
-            "shift_lambda_max_rps": rp.shift_plan.lambda_max_rps if rp.shift_plan else None,
-            "shift_n_prefill": rp.shift_plan.n_prefill if rp.shift_plan else None,
-        },
     )
 
 

@@ -150,6 +150,8 @@ class _Standing(_Run):
         and collect. `on_notice` gets a line for each service that dies and for a stalled
         keeper."""
         self.clock = self.service_clock.rebased()  # real-world 0: the deployment is up
+        for event in self.rp.layout.start_events():  # the threshold and the plan, as `run`'s
+            self.history.append(event)
         connector = aiohttp.TCPConnector(limit=0)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:

@@ -12,34 +12,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from testbed.clock import LiveClock, Scale
 from testbed.config import (
     DeploymentConfig,
-    LengthsConfig,
-    LongTermConfig,
     PolicyConfig,
-    ShortTermConfig,
 )
+from testbed.dispatch.rules import HEALTH_INTERVAL_S
 from testbed.kvcache.manager import KVCacheManager, cluster_capacities
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.nemesis import NemesisPlayer, PlannedFault, stop_player
-from testbed.policy import get_policy
-from testbed.policy.base import measures_link
 from testbed.policy.decider import Decider, wall_percentiles_ms
 from testbed.profiles import MODELS
 from testbed.scheduler.cluster import Role
 from testbed.scheduler.loops import ControlLoops
-from testbed.scheduler.spec import SchedulerSpec
 from testbed.scheduler.state import SchedulerState
-from testbed.services.dispatch_rules import HEALTH_INTERVAL_S
 from testbed.sim.cluster import SimCluster, SimInstance, scheduler_history
 from testbed.sim.dispatch import SimDispatcher
 from testbed.sim.instances import SimDecode, SimPrefill
 from testbed.sim.link import SimLink
 from testbed.sim.loop import VirtualClock, run_virtual
 from testbed.sim.nemesis import SimLinkControl, SimNemesis, SimProcesses
+from testbed.substrate.layout import Layout
 from testbed.workload.generate import RequestSpec
 
 __all__ = ["SimInputs", "SimOutput", "refuse_unmodelled", "simulate"]
@@ -56,8 +51,9 @@ class SimInputs:
     deployment: DeploymentConfig
     policy: str
     threshold_tokens: float | None
-    n_prefill: int
-    n_decode: int
+    layout: Layout
+    """The instances, the scheduler loops' spec and the starting events, as every substrate
+    reads them from the run plan (testbed.substrate.layout)."""
     requests: Sequence[RequestSpec]
     faults: Sequence[PlannedFault]
     seed: int
@@ -65,17 +61,10 @@ class SimInputs:
     """The scenario's scales: byte_scale sizes the records' wire bytes as live; time_scale
     converts the live services' wall-clock constants (health polls, timeouts) to real time."""
     tpot_slo_s: float
-    lengths: LengthsConfig
-    output_tokens: float
-    threshold_step: float
-    short_term: ShortTermConfig
-    long_term: LongTermConfig
     drain_timeout_s: float
     """Wall seconds a live run waits after the last arrival (x time_scale here)."""
     policy_config: PolicyConfig | None = None
     """The scenario's `policy` section (a policy's own knobs, testbed.policy.make_policy)."""
-    plan_event: dict[str, object] = field(default_factory=dict)
-    """The "plan" history event the live runner writes at t=0."""
 
 
 @dataclass
@@ -93,7 +82,7 @@ def _instances(inp: SimInputs, loop: asyncio.AbstractEventLoop) -> list[SimInsta
     model = MODELS[dep.model]
     dec_profile = model.decode[dep.local.hardware]
     bs_max = dec_profile.bs_max(inp.tpot_slo_s)
-    switchable = get_policy(inp.policy).long_term and dep.prfaas is not None
+    layout = inp.layout
 
     def prefill(iid: str, cluster: str, hw: str) -> SimPrefill:
         return SimPrefill(loop, iid, cluster, hw, model)
@@ -104,14 +93,12 @@ def _instances(inp: SimInputs, loop: asyncio.AbstractEventLoop) -> list[SimInsta
     out: list[SimInstance] = []
     if dep.prfaas is not None:
         hw = dep.prfaas.hardware
-        for i in range(dep.prfaas.instances):
-            iid = f"prfaas-prefill-{i}"
+        for iid in layout.prfaas_prefill:
             pre_i = prefill(iid, "prfaas", hw)
             out.append(SimInstance(iid, "prfaas", "prefill", False, pre_i, None))
     hw = dep.local.hardware
-    pre = [f"local-prefill-{i}" for i in range(inp.n_prefill)]
-    dec = [f"local-decode-{i}" for i in range(inp.n_decode)]
-    if not switchable:
+    pre, dec = layout.local_prefill, layout.local_decode
+    if not layout.switchable:
         out += [
             SimInstance(i, "local", "prefill", False, prefill(i, "local", hw), None) for i in pre
         ]
@@ -149,24 +136,9 @@ async def _run(inp: SimInputs) -> SimOutput:
         loop, clock, instances, link, state, inp.scale, live.real(HEALTH_INTERVAL_S), model,
         hardware, dep.link.rtt if dep.prfaas is not None else None,
     )  # fmt: skip
-    policy_cls = get_policy(inp.policy)
     control: ControlLoops | None = None
-    # the loops run for a policy that re-plans, and to measure the link for one that reads it
-    if policy_cls.replans or (measures_link(policy_cls) and dep.prfaas is not None):
-        switchable = policy_cls.long_term and dep.prfaas is not None
-        spec = SchedulerSpec(
-            deployment=dep,
-            lengths=inp.lengths,
-            output_tokens=inp.output_tokens,
-            tpot_slo_s=inp.tpot_slo_s,
-            threshold_step=inp.threshold_step,
-            n_prefill=inp.n_prefill,
-            short_term=inp.short_term,
-            long_term=inp.long_term if switchable else None,
-            n_local=dep.local.instances,
-            replans=policy_cls.replans,
-        )
-        control = ControlLoops(spec, cluster, state, clock, inp.scale)
+    if inp.layout.scheduler is not None:  # the loops the router would run (the run plan's)
+        control = ControlLoops(inp.layout.scheduler, cluster, state, clock, inp.scale)
     cache = KVCacheManager.for_model(model, cluster_capacities(dep))
     records: dict[str, RequestRecord] = {}
     done = loop.create_future()
@@ -188,9 +160,7 @@ async def _run(inp: SimInputs) -> SimOutput:
         live,
         on_record,
     )
-    if inp.threshold_tokens is not None:
-        history.append(HistoryEvent(0.0, "policy", {"threshold_tokens": inp.threshold_tokens}))
-    history.append(HistoryEvent(0.0, "plan", dict(inp.plan_event)))
+    history.extend(inp.layout.start_events())
     submitted: list[str] = []
 
     arrivals = sorted(inp.requests, key=lambda r: r.arrival)  # stable: ties keep their order
