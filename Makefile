@@ -61,6 +61,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/mypy bench
 	$(BIN)/python -m testbed.devtools.layers
 
 # bench/aiperf_drive.py installs AIPerf into its own .venv-aiperf and stands a deployment up:

@@ -45,6 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from testbed.metrics.window import percentile
+
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv-aiperf"
 AIPERF_PIN = "aiperf==0.13.0"
@@ -158,7 +160,7 @@ def testbed_stats(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
     def pct(values: list[float]) -> dict[str, float]:
         a = np.asarray(values) * 1000.0
-        return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
+        return {"p50": float(np.percentile(a, 50)), "p90": percentile(list(a), 90) or 0.0,
                 "n": float(len(a))}  # fmt: skip
 
     done = [r for r in records if r["status"] == "completed"]
@@ -232,7 +234,7 @@ def through_router(exe: Path, args: argparse.Namespace, trace: Path) -> tuple[li
             text += (
                 f"\n\nper request ({len(g)} joined by AIPerf's X-Request-Id): AIPerf's TTFT minus "
                 f"the server-side one, p10 {np.percentile(g, 10):.1f} ms, p50 "
-                f"{np.percentile(g, 50):.1f} ms, p90 {np.percentile(g, 90):.1f} ms, max "
+                f"{np.percentile(g, 50):.1f} ms, p90 {percentile(list(g), 90) or 0.0:.1f} ms, max "
                 f"{g.max():.1f} ms"
             )
         ok &= good and not failed

@@ -23,62 +23,41 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
 import sys
 import tempfile
 from pathlib import Path
 
 from testbed.errors import UserError
-from testbed.metrics.records import RequestRecord
+from testbed.experiment import Grid, backlog, completion_rate, steady_window
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.runner import run_scenario
-from testbed.scenario.schema import Scenario
-from testbed.scenario.sweep import parse_setting, scenario_with_settings
+from testbed.scenario.sweep import parse_setting
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = (("prfaas-pd", "prfaas-static"), ("homogeneous", "homogeneous"), ("naive", "naive"))
 
 
-def steady_window(duration: float) -> tuple[float, float]:
-    """Skip the first sixth (queues filling, first decodes not yet done)."""
-    return duration / 6, duration
-
-
-def backlog(records: list[RequestRecord], t: float) -> int:
-    arrived = sum(1 for r in records if r.arrival <= t)
-    done = sum(1 for r in records if r.status == "completed" and (r.last_token or 1e18) <= t)
-    return arrived - done
-
-
-def completion_rate(records: list[RequestRecord], lo: float, hi: float) -> float:
-    ends = sorted(r.last_token for r in records if r.status == "completed" and r.last_token)
-    n = bisect.bisect_right(ends, hi) - bisect.bisect_left(ends, lo)
-    return n / (hi - lo)
-
-
 def run_case(
-    base: Scenario,
+    base: Grid,
+    seed: int,
     deployment: str,
     policy: str,
     load: float,
     args: argparse.Namespace,
     run: int = 0,
 ) -> dict:
-    """`base` (scenarios/paper.yaml with any --set written in) on `deployment` at `load`."""
-    wl = base.workload
-    scenario = base.model_copy(
-        update={
-            "seed": base.seed + run,
-            "scale": base.scale.model_copy(
-                update={"time_scale": args.time_scale, "byte_scale": args.byte_scale}
-            ),
+    """`base` (scenarios/paper.yaml with any --set written in; `seed` its seed) on `deployment`
+    at `load`, live."""
+    scenario = base.with_fixed(
+        {
+            "seed": seed + run,
+            "scale.time_scale": args.time_scale,
+            "scale.byte_scale": args.byte_scale,
             "deployment": deployment,
-            "workload": wl.model_copy(
-                update={"arrivals": wl.arrivals.model_copy(update={"load": load})}
-            ),
-            "duration": args.duration,
+            "workload.arrivals.load": load,
+            "duration": f"{args.duration:g}s",
         }
-    )
+    ).scenario_of()
     with tempfile.TemporaryDirectory() as tmp:
         opts = RunOptions(policy=policy, out_dir=Path(tmp), progress=False)
         rp = prepare_run(scenario, opts)
@@ -133,7 +112,8 @@ def main() -> int:
     args = ap.parse_args()
     try:
         settings = [parse_setting(s) for s in args.set]
-        base = scenario_with_settings(ROOT / "scenarios" / "paper.yaml", settings)
+        base = Grid(str(ROOT / "scenarios" / "paper.yaml"), tuple(settings))
+        seed = base.scenario_of().seed
     except UserError as e:
         ap.error(str(e))
     if args.runs < 1:
@@ -158,7 +138,7 @@ def main() -> int:
                     flush=True,
                 )
                 try:
-                    runs.append(run_case(base, deployment, policy, load, args, i))
+                    runs.append(run_case(base, seed, deployment, policy, load, args, i))
                 except UserError as e:  # e.g. --duration shorter than paper.yaml's checkers
                     print(f"fidelity.py: error: {e}", file=sys.stderr)
                     return 2

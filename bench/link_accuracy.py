@@ -92,7 +92,7 @@ class Counter:
 
 def _sink(listener: socket.socket, counter: Counter, n: int, stop: threading.Event) -> None:
     listener.settimeout(IO_TIMEOUT)
-    conns = []
+    conns: list[socket.socket] = []
     deadline = time.monotonic() + 10
     while len(conns) < n and time.monotonic() < deadline and not stop.is_set():
         with suppress(TimeoutError):

@@ -28,20 +28,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
-from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from provenance import provenance  # bench/provenance.py: the script's directory is on sys.path
 
+from testbed.experiment import Grid, Setting, completion_rate, settings_of, steady_window, ttft_p90
+from testbed.experiment.grid import Value
+from testbed.scenario.hindsight import default_thresholds
 from testbed.scenario.library import LIBRARY_DIR
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.schema import Scenario, load_scenario
 from testbed.scenario.sim_run import sim_inputs
-from testbed.scenario.sweep import completion_rate, simulate_scenario
+from testbed.scenario.sweep import simulate_scenario
 from testbed.sim.run import simulate
 
 POLICIES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -65,59 +69,50 @@ DropJob = tuple[str, int, float | None, float, int | None]
 """(policy, seed offset, fixed threshold or None, offered rate, pinned PD-P count or None)."""
 SPLITS = (3, 4, 5)
 """PD-P counts (of the 8 local instances) the drop is run on by split: 3 is the planner's."""
-THRESHOLDS = (2_000, 5_000, 10_000, 15_000, 20_000, 25_000, 30_000, 40_000, 50_000, 65_000,
-              80_000, 100_000)  # fmt: skip
-"""Fixed thresholds (tokens) the hindsight search tries for prfaas-static."""
 
 
-def _scenario(
+def _settings(
     name: str, *, policy: str, seed_offset: int, load: float | None = None,
     threshold: float | None = None, duration: float | None = None,
     arrivals: dict[str, Any] | None = None, prefill: int | None = None,
-) -> Scenario:  # fmt: skip
-    """Library scenario `name` with `policy` (a row label of POLICIES, or a policy name);
-    `prefill` pins the PD-P count of its deployment (None: the planner's split)."""
+) -> tuple[Setting, ...]:  # fmt: skip
+    """The `--set` settings of library scenario `name` with `policy` (a row label of POLICIES,
+    or a policy name); `prefill` pins the PD-P count of its deployments (None: the planner's
+    split). The checkers are dropped: these runs are measured, not judged."""
     base = load_scenario(LIBRARY_DIR / f"{name}.yaml")
-    if prefill is not None:
-        deps = {
-            k: d.model_copy(update={"local": d.local.model_copy(update={"prefill": prefill})})
-            for k, d in base.deployments.items()
-        }
-        base = base.model_copy(update={"deployments": deps})
     policy, knobs = POLICIES.get(policy, (policy, {}))
-    wl = base.workload
-    arr = wl.arrivals.model_copy(update={**({"load": load} if load is not None else {}),
-                                         **(arrivals or {})})  # fmt: skip
-    pol = base.policy.model_copy(
-        update={
-            "name": policy,
-            "predict": base.policy.predict.model_copy(update=knobs),
-            **({"threshold": threshold} if threshold is not None else {}),
-        }
-    )
-    return base.model_copy(
-        update={
-            "seed": base.seed + seed_offset,
-            "policy": pol,
-            "checkers": [],
-            "workload": wl.model_copy(update={"arrivals": arr}),
-            **({"duration": duration} if duration is not None else {}),
-        }
-    )
+    values: dict[str, Value] = {"seed": base.seed + seed_offset, "policy.name": policy}
+    values.update({f"policy.predict.{k}": v for k, v in knobs.items()})
+    if threshold is not None:
+        values["policy.threshold"] = f"{threshold:.0f}"
+    if load is not None:
+        values["workload.arrivals.load"] = load
+    values.update({f"workload.arrivals.{k}": v for k, v in (arrivals or {}).items()})
+    if duration is not None:
+        values["duration"] = f"{duration:g}s"
+    if prefill is not None:
+        values.update({f"deployments.{d}.local.prefill": prefill for d in base.deployments})
+    values["checkers"] = []
+    return settings_of(values)
 
 
-def _p90(records: Sequence[Any], lo: float, hi: float) -> float | None:
-    vals = [r.ttft for r in records if r.ttft is not None and lo <= r.arrival < hi]
-    return float(np.percentile(vals, 90)) if vals else None
+def _scenario(name: str, **kw: Any) -> Scenario:
+    """Library scenario `name` with `_settings(name, **kw)` written in, validated as `--set`."""
+    return Grid(name).scenario_of(_settings(name, **kw))
+
+
+def _planned(name: str, load: float) -> tuple[float, list[float]]:
+    """The arrival rate `load` means with the planner's own t (a fixed-t run keeps it: with
+    `load`, a worse t would lower lambda_max and with it the offered rate), and the fixed
+    thresholds `testbed hindsight` tries around that t (its grid: one grid, issue #37)."""
+    sc = _scenario(name, policy="prfaas-static", seed_offset=0, load=load)
+    rp = prepare_run(sc, RunOptions(substrate="sim", out_dir=Path("unused"), progress=False))
+    assert rp.rate_rps is not None and rp.threshold_tokens is not None
+    return float(rp.rate_rps), default_thresholds(rp.threshold_tokens)
 
 
 def _rate(name: str, load: float) -> float:
-    """The arrival rate `load` means with the planner's own t: a fixed-t run keeps it (with
-    `load`, a worse t would lower lambda_max and with it the offered rate)."""
-    sc = _scenario(name, policy="prfaas-static", seed_offset=0, load=load)
-    rp = prepare_run(sc, RunOptions(substrate="sim", out_dir=Path("unused"), progress=False))
-    assert rp.rate_rps is not None
-    return float(rp.rate_rps)
+    return _planned(name, load)[0]
 
 
 def drop_run(job: DropJob) -> dict[str, Any]:
@@ -134,8 +129,8 @@ def drop_run(job: DropJob) -> dict[str, Any]:
         "seed": seed,
         "threshold": threshold,
         "prefill": prefill,
-        "p90_during_s": _p90(recs, fault.at, fault.at + fault.for_),
-        "p90_before_s": _p90(recs, fault.at - fault.for_, fault.at),
+        "p90_during_s": ttft_p90(recs, fault.at, fault.at + fault.for_),
+        "p90_before_s": ttft_p90(recs, fault.at - fault.for_, fault.at),
         "failed": summary["requests"]["failed"],
         "requests": len(recs),
     }
@@ -163,7 +158,7 @@ def saturation_run(job: tuple[str, int, float]) -> dict[str, Any]:
     return {
         "policy": policy,
         "seed": seed,
-        "rate_rps": completion_rate(recs, rp.duration_s / 6, rp.duration_s),
+        "rate_rps": completion_rate(recs, *steady_window(rp.duration_s)),
         "p90_ttft_s": summary["ttft_s"]["p90"],
         "planner_rps": rp.plan.lambda_max_rps,
     }
@@ -197,13 +192,12 @@ def shift_run(job: tuple[int, int]) -> dict[str, Any]:
     """traffic-shift with prfaas-predict, draining ahead (predrain) or not: when the new split
     is in force and the completion rate over the scenario's throughput window."""
     predrain, seed = job
-    base = _scenario("traffic-shift", policy="prfaas-predict", seed_offset=seed)
-    lt = base.policy.long_term.model_copy(update={"predrain": predrain})
-    base = load_scenario(LIBRARY_DIR / "traffic-shift.yaml").model_copy(
-        update={"seed": base.seed, "policy": base.policy}
-    )  # keep its throughput checker (the window); _scenario drops the checkers
-    sc = base.model_copy(update={"policy": base.policy.model_copy(update={"long_term": lt})})
-    check = next(c for c in base.checkers if c.check == "throughput")
+    # its throughput checker kept (the window): not _settings, which drops the checkers
+    settings = _settings("traffic-shift", policy="prfaas-predict", seed_offset=seed)[:-1]
+    sc = Grid("traffic-shift").scenario_of(
+        (*settings, ("policy.long_term.predrain", str(predrain)))
+    )
+    check = next(c for c in sc.checkers if c.check == "throughput")
     after, until = getattr(check, "after", None), getattr(check, "until", None)
     assert after is not None and until is not None
     opts = RunOptions(substrate="sim", out_dir=Path("unused"), progress=False)
@@ -274,7 +268,8 @@ def yardstick(seeds: int, jobs: int) -> list[str]:
     for pol in ("prfaas-predict", "prfaas", "prfaas-static"):
         vals = [
             objective_value(
-                measure_sim(base.model_copy(update={"seed": s}), pol)[1], "ttft-p90-fault"
+                measure_sim(Grid("bandwidth-drop").scenario_of((("seed", str(s)),)), pol)[1],
+                "ttft-p90-fault",
             )
             for s in seed_list
         ]
@@ -345,9 +340,9 @@ def _fmt(m: tuple[float, float, float] | None, spec: str, unit: str = "") -> str
 
 
 def run_drop(pool: ProcessPoolExecutor, seeds: int) -> dict[str, Any]:
-    rate = _rate("bandwidth-drop", 0.5)
+    rate, thresholds = _planned("bandwidth-drop", 0.5)
     jobs: list[DropJob] = [(p, s, None, rate, None) for p in POLICIES for s in range(seeds)]
-    jobs += [("prfaas-static", s, float(t), rate, None) for t in THRESHOLDS
+    jobs += [("prfaas-static", s, float(t), rate, None) for t in thresholds
              for s in range(seeds)]  # fmt: skip
     rows = list(pool.map(drop_run, jobs))
     by_t: dict[float, list[dict[str, Any]]] = {}
@@ -381,7 +376,7 @@ def render_drop(d: dict[str, Any], seeds: int) -> list[str]:
             f"{_fmt(during, '.1f', ' s')} | {rel} | {failed}/{total} |"
         )
     grid = ", ".join(
-        f"{t / 1000:g}K: {m[0]:.1f}" for t, m in sorted(d["grid"].items()) if m is not None
+        f"{t / 1000:.1f}K: {m[0]:.1f}" for t, m in sorted(d["grid"].items()) if m is not None
     )
     out += ["", f"Hindsight grid (fixed t: mean P90 during, s): {grid}.", ""]
     return out
@@ -391,11 +386,11 @@ def run_split(pool: ProcessPoolExecutor, seeds: int) -> list[dict[str, Any]]:
     """The drop with the PD split pinned: each policy and each fixed threshold on the same
     deployment shape, so the hindsight-best threshold is compared like for like (a fixed t
     left to the planner also gets the planner's split for that t: t = 40K plans 5 PD-P)."""
-    rate = _rate("bandwidth-drop", 0.5)
+    rate, thresholds = _planned("bandwidth-drop", 0.5)
     pols = ("prfaas-predict", "prfaas", "prfaas-static")
     jobs: list[DropJob] = [(p, s, None, rate, n) for n in SPLITS for p in pols
                            for s in range(seeds)]  # fmt: skip
-    jobs += [("prfaas-static", s, float(t), rate, n) for n in SPLITS for t in THRESHOLDS
+    jobs += [("prfaas-static", s, float(t), rate, n) for n in SPLITS for t in thresholds
              for s in range(seeds)]  # fmt: skip
     return list(pool.map(drop_run, jobs))
 
@@ -427,7 +422,7 @@ def render_split(rows: list[dict[str, Any]], seeds: int) -> list[str]:
         pred = pol["prfaas-predict"]
         rel = f"{pred[0] / best[0] - 1:+.1%}" if pred and best else "-"
         out.append(
-            f"| {n} / {8 - n} | t = {best_t / 1000:g}K: {_fmt(best, '.1f', ' s')} | "
+            f"| {n} / {8 - n} | t = {best_t / 1000:.1f}K: {_fmt(best, '.1f', ' s')} | "
             f"{_fmt(pred, '.1f', ' s')} | {rel} | {_fmt(pol['prfaas'], '.1f', ' s')} | "
             f"{_fmt(pol['prfaas-static'], '.1f', ' s')} |"
         )
@@ -680,6 +675,7 @@ def main() -> int:
     ap.add_argument("--report", type=Path, help="also write the tables to this markdown file")
     ap.add_argument("--json", type=Path, help="also write the raw rows as JSON")
     args = ap.parse_args()
+    load_before = os.getloadavg()
     out = [f"# prfaas-predict on the sim (`python bench/predict.py`, {args.seeds} seeds)\n"]
     raw: dict[str, Any] = {}
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
@@ -715,8 +711,10 @@ def main() -> int:
     text = "\n".join(out)
     print(text)
     if args.report:
+        setup = f"sim; seeds: each scenario's seed + 0..{args.seeds - 1}; {args.jobs} jobs"
+        head = provenance("bench/predict.py", sys.argv[1:], load_before, setup)
         args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(text)
+        args.report.write_text(out[0] + "\n" + head + "\n" + "\n".join(out[1:]))
     if args.json:
         args.json.write_text(json.dumps(raw, indent=1, default=str))
     return 0

@@ -49,7 +49,7 @@ def _one_at_a_time(model: TinyHybridLM, state: KVState, token: int) -> int:
     return model._greedy(h)
 
 
-def _timed(step: Callable[[], None], steps: int) -> tuple[float, float]:
+def _timed(step: Callable[[], object], steps: int) -> tuple[float, float]:
     """Median wall and CPU milliseconds of `step`."""
     wall, cpu = [], []
     step()  # warm-up: first-use allocations

@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from testbed.policy import POLICIES, make_policy
-from testbed.policy.base import CostModel, RequestView
+from testbed.policy.base import Cluster, CostModel, RequestView
 from testbed.policy.book import BookEntry, LoadBook
 from testbed.profiles import MODELS
 from testbed.workload.lengths import TruncatedLognormal
@@ -35,10 +35,8 @@ HARDWARE = {"prfaas": "h200x8", "local": "h20x8"}
 def book(rng: np.random.Generator, n: int) -> LoadBook:
     entries = []
     for i in range(n):
-        cluster, role = (
-            ("prfaas", "prefill") if i < n // 4 else ("local", "prefill") if i < n // 2
-            else ("local", "decode")
-        )  # fmt: skip
+        cluster: Cluster = "prfaas" if i < n // 4 else "local"
+        role = "prefill" if i < n // 2 else "decode"
         entries.append(BookEntry(f"i{i}", cluster, role, HARDWARE[cluster]))
     model = MODELS["internal-1t-hybrid"]
     b = LoadBook(entries, set(), CostModel.of(model, HARDWARE))

@@ -28,8 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from testbed.experiment import Grid, completion_rate, ttft_p90
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.planner import plan_deployment, plan_inputs
 from testbed.scenario.plan import RunOptions, prepare_run
@@ -37,6 +36,7 @@ from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
+DROP_SCENARIO = ROOT / "scenarios" / "bandwidth-drop.yaml"
 DROP_POLICIES = ("prfaas", "prfaas-nolongterm", "prfaas-static", "naive")
 SHIFT_POLICIES = ("prfaas", "prfaas-nolongterm")
 
@@ -47,11 +47,6 @@ def _run(scenario: Scenario, policy: str) -> tuple[Any, list[RequestRecord], lis
         rp = prepare_run(scenario, opts)
         result = asyncio.run(run_scenario(rp, opts))
     return rp, result.records, result.history
-
-
-def _p90_ttft(records: list[RequestRecord], lo: float, hi: float) -> float | None:
-    vals = [r.ttft for r in records if r.ttft is not None and lo <= r.arrival < hi]
-    return float(np.percentile(vals, 90)) if vals else None
 
 
 def _threshold_moves(history: list[HistoryEvent], t0: float, t1: float) -> tuple[Any, Any]:
@@ -67,27 +62,21 @@ def _threshold_moves(history: list[HistoryEvent], t0: float, t1: float) -> tuple
 
 
 def bandwidth_drop(loads: list[float]) -> list[dict[str, Any]]:
-    base = load_scenario(ROOT / "scenarios" / "bandwidth-drop.yaml")
+    base = load_scenario(DROP_SCENARIO)
     fault = next(e for e in base.nemesis if e.action == "bandwidth")
     start = fault.at
-    assert fault.for_ is not None and fault.bandwidth is not None
+    bandwidth = getattr(fault, "bandwidth", None)
+    assert fault.for_ is not None and bandwidth is not None
     end = start + fault.for_
     dep = next(iter(base.deployments.values()))
-    narrow = plan_deployment("prfaas-pd", dep, plan_inputs(base), link_bytes_per_s=fault.bandwidth)
+    narrow = plan_deployment("prfaas-pd", dep, plan_inputs(base), link_bytes_per_s=bandwidth)
     rows = []
     for load in loads:
-        wl = base.workload
-        scenario = base.model_copy(
-            update={
-                "workload": wl.model_copy(
-                    update={"arrivals": wl.arrivals.model_copy(update={"load": load})}
-                )
-            }
-        )
+        scenario = Grid.of(DROP_SCENARIO, fixed={"workload.arrivals.load": load}).scenario_of()
         for policy in DROP_POLICIES:
             print(f"bandwidth drop: {policy} at {load:.0%} ...", file=sys.stderr)
             rp, recs, hist = _run(scenario, policy)
-            pre, during = _p90_ttft(recs, start - fault.for_, start), _p90_ttft(recs, start, end)
+            pre, during = ttft_p90(recs, start - fault.for_, start), ttft_p90(recs, start, end)
             rose, fell = _threshold_moves(hist, start, end)
             splits = [e.data["n_prefill"] for e in hist if e.kind == "split"]
             rows.append(
@@ -114,25 +103,19 @@ def bandwidth_drop(loads: list[float]) -> list[dict[str, Any]]:
 def traffic_shift() -> list[dict[str, Any]]:
     base = load_scenario(ROOT / "scenarios" / "traffic-shift.yaml")
     check = next(c for c in base.checkers if c.check == "throughput")
-    assert check.after is not None and check.until is not None
+    after, until = getattr(check, "after", None), getattr(check, "until", None)
+    assert after is not None and until is not None
     rows = []
     for policy in SHIFT_POLICIES:
         print(f"traffic shift: {policy} ...", file=sys.stderr)
         rp, recs, hist = _run(base, policy)
-        done = sum(
-            1
-            for r in recs
-            if r.status == "completed"
-            and r.last_token is not None
-            and check.after <= r.last_token < check.until
-        )
-        rate = done / (check.until - check.after)
+        rate = completion_rate(recs, after, until)
         assert rp.shift_plan is not None
         splits = [(round(e.t), e.data["n_prefill"]) for e in hist if e.kind == "split"]
         rows.append(
             {
                 "policy": policy,
-                "window": f"{check.after:g}-{check.until:g}s",
+                "window": f"{after:g}-{until:g}s",
                 "completed_rps": rate,
                 "optimum_rps": rp.shift_plan.lambda_max_rps,
                 "optimum_split": f"{rp.shift_plan.n_prefill}/{rp.shift_plan.n_decode}",

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from testbed.experiment import percentile, ttft_p90
 from testbed.metrics.records import RequestRecord
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.runner import run_scenario
@@ -53,10 +54,6 @@ def _scenarios(quick: bool) -> list[tuple[str, Scenario, str | None, float | Non
     ]
 
 
-def _pct(vals: list[float], p: float) -> float | None:
-    return float(np.percentile(vals, p)) if vals else None
-
-
 def _one(
     scenario: Scenario, policy: str | None, duration: float | None, shaper: str, seed: int
 ) -> dict[str, Any]:
@@ -69,12 +66,11 @@ def _one(
         result = asyncio.run(run_scenario(rp, opts))
     recs: list[RequestRecord] = result.records
     ttft = [r.ttft for r in recs if r.ttft is not None]
-    during = [r.ttft for r in recs if r.ttft is not None and DROP[0] <= r.arrival < DROP[1]]
     failed = sum(1 for r in recs if r.status != "completed")
     return {
-        "p50": _pct(ttft, 50),
-        "p90": _pct(ttft, 90),
-        "drop_p90": _pct(during, 90),
+        "p50": percentile(ttft, 50),
+        "p90": percentile(ttft, 90),
+        "drop_p90": ttft_p90(recs, *DROP),
         "failed": failed,
         "requests": len(recs),
         "shaper": result.summary["link"].get("shaper"),

@@ -39,12 +39,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from testbed.experiment import Grid, completion_rate, steady_window
 from testbed.profiles import MODELS
-from testbed.scenario.library import LIBRARY_DIR
 from testbed.scenario.plan import RunOptions, RunPlan, prepare_run
-from testbed.scenario.schema import load_scenario
 from testbed.scenario.sim_run import sim_inputs
-from testbed.scenario.sweep import completion_rate
 from testbed.sim import simulate
 from testbed.units import parse_duration
 from testbed.workload.build import length_distribution
@@ -54,27 +52,25 @@ SATURATION_LOAD = 1.2
 
 
 def saturation_plan(dep: str, policy: str, duration: float, seed: int) -> RunPlan:
-    base = load_scenario(LIBRARY_DIR / "paper.yaml")
-    wl = base.workload
-    sc = base.model_copy(
-        update={
+    g = Grid.of(
+        "paper",
+        fixed={
             "deployment": dep,
-            "duration": duration,
+            "duration": f"{duration:g}s",
             "seed": seed,
             "checkers": [],
-            "policy": base.policy.model_copy(update={"name": policy}),
-            "workload": wl.model_copy(
-                update={"arrivals": wl.arrivals.model_copy(update={"load": SATURATION_LOAD})}
-            ),
-        }
+            "policy.name": policy,
+            "workload.arrivals.load": SATURATION_LOAD,
+        },
     )
+    sc = g.scenario_of()
     return prepare_run(sc, RunOptions(substrate="sim", out_dir=Path("unused"), progress=False))
 
 
 def rate(rp: RunPlan, duration: float) -> float:
     opts = RunOptions(substrate="sim", out_dir=Path("unused"), progress=False)
     out = simulate(sim_inputs(rp, opts))
-    return completion_rate(out.records, duration / 6, duration)
+    return completion_rate(out.records, *steady_window(duration))
 
 
 def mean_lengths(rp: RunPlan) -> tuple[RunPlan, float]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
 import sys
 import tempfile
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from testbed.experiment import completion_rate, in_window, percentile, steady_window
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.planner import plan_deployment, plan_inputs
 from testbed.scenario.hindsight import best_fixed
@@ -66,21 +66,12 @@ def variant(
     )
 
 
-def p90(values: list[float]) -> float | None:
-    return float(np.percentile(values, 90)) if values else None
-
-
 def link_use(history: list[HistoryEvent], lo: float, hi: float) -> tuple[float, float]:
     """Mean and peak Gbps of the link samples inside [lo, hi] (real-world, as the report)."""
     gbps = [e.data["gbps"] for e in history if e.kind == "link" and lo <= e.t <= hi]
     configured = [e.data["configured_gbps"] for e in history if e.kind == "link"]
     mean = float(np.mean(gbps)) if gbps else 0.0
     return mean, mean / (configured[0] if configured else 100.0)
-
-
-def completion_rate(records: list[RequestRecord], lo: float, hi: float) -> float:
-    ends = sorted(r.last_token for r in records if r.status == "completed" and r.last_token)
-    return (bisect.bisect_right(ends, hi) - bisect.bisect_left(ends, lo)) / (hi - lo)
 
 
 def run(scenario: Scenario, policy: str, substrate: str) -> tuple[Any, Any]:
@@ -94,9 +85,9 @@ def run(scenario: Scenario, policy: str, substrate: str) -> tuple[Any, Any]:
 
 def measure(scenario: Scenario, policy: str, substrate: str) -> dict[str, Any]:
     rp, result = run(scenario, policy, substrate)
-    lo, hi = scenario.duration / 6, scenario.duration
+    lo, hi = steady_window(scenario.duration)
     recs: list[RequestRecord] = result.records
-    steady = [r for r in recs if lo <= r.arrival <= hi]
+    steady = in_window(recs, lo, hi)
     ttft = [r.ttft for r in steady if r.ttft is not None]
     prfaas = [r.ttft for r in steady if r.ttft is not None and r.route == "prfaas"]
     mean_gbps, use = link_use(result.history, lo, hi)
@@ -106,8 +97,8 @@ def measure(scenario: Scenario, policy: str, substrate: str) -> dict[str, Any]:
         "offered": rp.rate_rps,
         "link_gbps": mean_gbps,
         "link_use": use,
-        "ttft_p90": p90(ttft),
-        "prfaas_ttft_p90": p90(prfaas),
+        "ttft_p90": percentile(ttft, 90),
+        "prfaas_ttft_p90": percentile(prfaas, 90),
         "prfaas_share": len(prfaas) / len(ttft) if ttft else 0.0,
         "goodput": s["goodput_rps"],
         "slo_attainment": s["slo_attainment"],
@@ -324,7 +315,7 @@ def main() -> int:
         planned = plan_deployment(DENSE, dep, inputs, threshold_tokens=PAPER_T).lambda_max_rps
         sat = variant(base, DENSE, duration=args.duration, rate=1.2 * planned)
         _, result = run(sat, "prfaas-static", args.substrate)
-        measured = completion_rate(result.records, args.duration / 6, args.duration)
+        measured = completion_rate(result.records, *steady_window(args.duration))
         table += [
             "## Dense model, saturation at t = 19.5K",
             "",

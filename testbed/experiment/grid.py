@@ -10,6 +10,7 @@ wants "the paper's deployment at 120% of lambda_max with uniform arrivals" write
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,8 +55,10 @@ def settings_of(values: Mapping[str, Value]) -> tuple[Setting, ...]:
 
 @dataclass(frozen=True)
 class Grid:
-    """The runs of an experiment: the product of `axes`, `policies` and `seeds`, each with
-    `fixed` written in first. An empty `policies` or `seeds` keeps the scenario's own."""
+    """The runs of an experiment: the product of `cases`, `axes`, `policies` and `seeds`, each
+    with `fixed` written in first. A case is a bundle of settings that go together (a deployment
+    and the policy it runs: `{"deployment": "naive", "policy.name": "naive"}`). An empty
+    `cases`, `policies` or `seeds` keeps the scenario's own."""
 
     scenario: str
     """A scenario file or a library name (`paper`, `bandwidth-drop`)."""
@@ -65,6 +68,7 @@ class Grid:
     seeds: tuple[int, ...] = ()
     substrate: Substrate = "sim"
     max_requests: int | None = field(default=None, kw_only=True)
+    cases: tuple[tuple[Setting, ...], ...] = field(default=(), kw_only=True)
 
     @classmethod
     def of(
@@ -72,6 +76,7 @@ class Grid:
         scenario: str | Path,
         *,
         fixed: Mapping[str, Value] | None = None,
+        cases: Sequence[Mapping[str, Value]] = (),
         axes: Mapping[str, Sequence[Value]] | None = None,
         policies: Sequence[str] = (),
         seeds: Sequence[int] = (),
@@ -87,14 +92,19 @@ class Grid:
             tuple(seeds),
             substrate,
             max_requests=max_requests,
+            cases=tuple(settings_of(c) for c in cases),
         )
+
+    def with_fixed(self, values: Mapping[str, Value]) -> Grid:
+        """This grid with `values` written after its own fixed settings (a later one wins)."""
+        return dataclasses.replace(self, fixed=(*self.fixed, *settings_of(values)))
 
     @property
     def path(self) -> Path:
         return resolve_scenario(self.scenario)
 
     def settings(self) -> list[tuple[Setting, ...]]:
-        """Each run's settings, in grid order: fixed, then the axes, the policy, the seed."""
+        """Each run's settings, in grid order: fixed, the case, the axes, the policy, the seed."""
         if self.substrate not in SUBSTRATES:
             raise UserError(f"substrate {self.substrate!r}: an experiment runs on {SUBSTRATES}")
         axes: list[tuple[str, tuple[str, ...]]] = list(self.axes)
@@ -102,13 +112,22 @@ class Grid:
             axes.append(("policy.name", self.policies))
         if self.seeds:
             axes.append(("seed", tuple(str(s) for s in self.seeds)))
-        paths = [p for p, _ in self.fixed] + [p for p, _ in axes]
+        case_paths = {p for case in self.cases for p, _ in case}
+        paths = [p for p, _ in self.fixed] + [p for p, _ in axes] + sorted(case_paths)
         if len(set(paths)) != len(paths):
             raise UserError(f"{self.scenario}: each path may be set once in a grid ({paths})")
+        cases: tuple[tuple[Setting, ...], ...] = self.cases or ((),)
         grid = list(itertools.product(*(vs for _, vs in axes)))
-        if len(grid) > MAX_CELLS:
-            raise UserError(f"{len(grid)} runs; an experiment takes at most {MAX_CELLS}")
-        return [(*self.fixed, *zip((p for p, _ in axes), values, strict=True)) for values in grid]
+        if len(grid) * len(cases) > MAX_CELLS:
+            raise UserError(
+                f"{len(grid) * len(cases)} runs; an experiment takes at most {MAX_CELLS}"
+            )
+        names = [p for p, _ in axes]
+        return [
+            (*self.fixed, *case, *zip(names, values, strict=True))
+            for case in cases
+            for values in grid
+        ]
 
     def cells(self) -> list[Cell]:
         """The grid as the sweep's cells (no saturation run: a measure asks for what it needs)."""

@@ -29,6 +29,7 @@ __all__ = [
     "STEADY_SKIP",
     "backlog",
     "completion_rate",
+    "in_window",
     "percentile",
     "steady_window",
     "ttft_p90",
@@ -50,6 +51,11 @@ def completion_rate(records: Iterable[RequestRecord], lo: float, hi: float) -> f
     return (bisect.bisect_right(ends, hi) - bisect.bisect_left(ends, lo)) / (hi - lo)
 
 
+def in_window(records: Iterable[RequestRecord], lo: float, hi: float) -> list[RequestRecord]:
+    """The requests that arrived in [lo, hi)."""
+    return [r for r in records if lo <= r.arrival < hi]
+
+
 def percentile(values: Sequence[float], q: float = 90.0) -> float | None:
     """The q-th percentile (linear interpolation) of `values`; None for none."""
     return float(np.percentile(values, q)) if len(values) else None
@@ -59,7 +65,7 @@ def ttft_percentile(
     records: Iterable[RequestRecord], lo: float, hi: float, q: float = 90.0
 ) -> float | None:
     """The q-th percentile of TTFT over requests that arrived in [lo, hi) with a first token."""
-    return percentile([r.ttft for r in records if r.ttft is not None and lo <= r.arrival < hi], q)
+    return percentile([r.ttft for r in in_window(records, lo, hi) if r.ttft is not None], q)
 
 
 def ttft_p90(records: Iterable[RequestRecord], lo: float, hi: float) -> float | None:
