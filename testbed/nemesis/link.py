@@ -39,7 +39,7 @@ def link_of(ctx: NemesisContext) -> LinkControl:
     """The run's link; a RuntimeError (recorded as the fault's error) when the run has none."""
     link = ctx.link
     if link is None:
-        raise RuntimeError("this run has no cross-datacenter link")
+        raise RuntimeError("this run has no link emulator")
     return link
 
 
