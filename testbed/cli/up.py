@@ -23,8 +23,11 @@ from testbed.scenario.standing import Endpoints, at_time_scale, stand_up
 from testbed.services.router.text import TOKENIZER_DIR
 from testbed.substrates import substrate_facts, substrates_with
 
-STANDING = substrates_with(lambda s: s.standing)
-"""Where `testbed up` can stand a deployment up (testbed.substrates)."""
+
+def _standing() -> tuple[str, ...]:
+    """Where `testbed up` can stand a deployment up (testbed.substrates), read when asked so
+    an entry added after import (a test's toy) is offered too."""
+    return substrates_with(lambda s: s.standing)
 
 
 def _positive_float(text: str) -> float:
@@ -72,9 +75,9 @@ def _refuse_with_router(args: argparse.Namespace) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    if args.substrate not in STANDING:
+    if args.substrate not in _standing():
         raise UserError(
-            f"substrate {args.substrate!r} is not available; use one of {', '.join(STANDING)}"
+            f"substrate {args.substrate!r} is not available; use one of {', '.join(_standing())}"
         )
     scenario = load_scenario(resolve_scenario(args.scenario))
     if args.router:  # an external router in front (docs/real-routers.md, "testbed up --router")
@@ -146,7 +149,7 @@ def add_parser(sub: Any) -> None:
         "timeline.png and the checkers' verdicts for every request any client sent.",
     )
     p.add_argument("scenario", help="scenario YAML file, or a library name")
-    p.add_argument("--substrate", default="local", choices=list(STANDING))
+    p.add_argument("--substrate", default="local", choices=list(_standing()))
     p.add_argument("--policy", help="routing policy (default: the scenario's)")
     p.add_argument(
         "--time-scale",

@@ -126,6 +126,11 @@ def test_a_new_entry_is_a_choice_of_testbed_run() -> None:
     with added_substrate(toy):
         args = build_parser().parse_args(["run", "burst", "--substrate", "toy"])
         assert args.substrate == "toy" and substrate_facts("toy").outside_policies
+        with pytest.raises(SystemExit):  # not a standing one: `testbed up` does not offer it
+            build_parser().parse_args(["up", "burst", "--substrate", "toy"])
+    standing = SubstrateFacts("toy-up", "x", services="m:C", standing=True)
+    with added_substrate(standing):
+        assert build_parser().parse_args(["up", "burst", "--substrate", "toy-up"]).substrate
     assert "toy" not in substrate_names()
 
 
