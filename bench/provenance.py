@@ -12,6 +12,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def report_body(text: str) -> str:
+    """A report without its provenance lines (the header's `- command:` ... `- substrate:`
+    items): what regenerating it with the same seeds must reproduce byte for byte when its
+    runs are on the sim and it has no wall-clock column."""
+    keys = ("- command:", "- commit:", "- date:", "- machine:", "- substrate:")
+    out: list[str] = []
+    after_header = False
+    for line in text.splitlines(keepends=True):
+        if line.startswith(keys):
+            after_header = True
+            continue
+        if not (after_header and not line.strip()):  # the blank line closing the header
+            out.append(line)
+        after_header = False
+    return "".join(out)
+
+
 def provenance(script: str, argv: list[str], load_before: tuple[float, ...], setup: str) -> str:
     """The header's lines (markdown list items); `setup`: the substrate, deployment, scale and
     seeds the figures came from, as one sentence."""

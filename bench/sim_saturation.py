@@ -5,13 +5,19 @@ planner's lambda_max (uniform arrivals, the paper's workload), the completion ra
 steady window (testbed.metrics.window) being the saturation throughput. Prints it for the sim
 next to the planner's lambda_max and the live figures bench/fidelity.py measured (600 s runs).
 
-Usage: python bench/sim_saturation.py [--duration 600s]   (a few seconds)
+Usage: python bench/sim_saturation.py [--duration 600s] [--report FILE]   (a few seconds)
+`--report` writes the table with its provenance (bench/reports/sim_saturation.md); the table
+is a function of the seeds alone (tests/bench/test_reports.py regenerates it).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
+
+from provenance import provenance  # bench/provenance.py: the script's directory is on sys.path
 
 from testbed.experiment import Grid, Run, completion_rate, run_experiment, steady_window
 from testbed.units import parse_duration
@@ -59,10 +65,25 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--duration", type=parse_duration, default=600.0)
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--report", type=Path, help="write the table, with provenance, here")
     args = ap.parse_args()
-    print(f"saturation at 120% of lambda_max, {args.duration:.0f}s real-world, sim vs live")
-    print("\n".join(table(grid(args.duration), args.jobs)))
+    load_before = os.getloadavg()
+    g = grid(args.duration)
+    text = report(g, args.duration, args.jobs)
+    print(text, end="")
+    if args.report:
+        seed = g.scenario_of().seed
+        setup = f"sim; paper.yaml's seed ({seed}); {args.jobs} job(s)"
+        head = provenance("bench/sim_saturation.py", sys.argv[1:], load_before, setup)
+        title, rest = text.split("\n", 1)
+        args.report.write_text(f"{title}\n\n{head}{rest}")
     return 0
+
+
+def report(g: Grid, duration_s: float, jobs: int = 1) -> str:
+    """The report's text without its provenance: a title line, then the table."""
+    title = f"# Saturation at 120% of lambda_max, {duration_s:.0f}s real-world, sim vs live"
+    return "\n".join([title, "", *table(g, jobs)]) + "\n"
 
 
 if __name__ == "__main__":

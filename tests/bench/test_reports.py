@@ -1,0 +1,33 @@
+"""A report built only from sim runs, with no wall-clock column, is a function of its seeds:
+regenerating it reproduces it byte for byte, provenance lines aside (issue #37)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture
+def bench_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+
+
+@pytest.mark.usefixtures("bench_path")
+def test_sim_saturation_report_regenerates_byte_for_byte() -> None:
+    import sim_saturation
+    from provenance import report_body
+
+    committed = (BENCH / "reports" / "sim_saturation.md").read_text()
+    assert "- command: `python bench/sim_saturation.py" in committed  # it carries provenance
+    assert sim_saturation.report(sim_saturation.grid(600.0), 600.0) == report_body(committed)
+
+
+@pytest.mark.usefixtures("bench_path")
+def test_report_body_drops_only_the_provenance_lines() -> None:
+    from provenance import report_body
+
+    text = "# t\n\n- command: `x`\n- commit: y\n- date: d\n- machine: m\n- substrate: s\n\n| a |\n"
+    assert report_body(text) == "# t\n\n| a |\n"

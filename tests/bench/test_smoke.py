@@ -1,0 +1,86 @@
+"""Every bench script that runs only on the sim (or runs nothing but the planner or a policy's
+`decide`) runs here, on tiny options, in a few seconds each: a script that no longer runs
+fails `make test`, not its next user (issue #37).
+
+Exempt, with the reason (docs/experiments.md lists them too):
+- aiperf_drive.py: NVIDIA AIPerf, installed into its own .venv-aiperf, against `testbed up`;
+- facade_cost.py, fidelity.py, long_prompts.py, policy_http.py, prefix_cache.py, scheduler.py,
+  receiver_flood.py, transfer_throughput.py: live processes and sockets on this machine
+  (minutes per figure, and their point is the wall clock);
+- link_accuracy.py, shaper_agreement.py: live, and the tc shaper needs root;
+- router_faults.py: live, the external routers (vllm-router, SGLang's gateway) installed;
+- real_model_timing.py: torch (the `model` extra);
+- sim_vs_live.py: its live leg (the sim leg alone is what the other smoke tests run);
+- lifecycle_parity.py: compares two checkouts of the project (before and after a change).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SMOKE: dict[str, list[str]] = {
+    "sim_saturation.py": ["--duration", "60s"],
+    "sim_gap.py": ["--duration", "60s"],
+    "sim_scale.py": ["--factor", "1", "--duration", "60", "--cpu", "-1"],
+    "sim_speed.py": ["--duration", "130", "--repeat", "1", "--cpu", "-1"],
+    "planner_search.py": ["--repeat", "1", "--no-exhaustive"],
+    "routing_decision.py": ["--instances", "40", "--requests", "200"],
+    "predict.py": ["--only", "saturation", "--seeds", "1", "--duration", "60", "--jobs", "1"],
+    "thesis.py": [
+        "--substrate",
+        "sim",
+        "--duration",
+        "30s",
+        "--policies",
+        "prfaas-static",
+        "--skip-saturation",
+        "--skip-sim-sweep",
+    ],
+}
+"""Script -> tiny options."""
+EXEMPT = {
+    "aiperf_drive.py": "AIPerf in its own venv, live",
+    "facade_cost.py": "live",
+    "fidelity.py": "live",
+    "lifecycle_parity.py": "two checkouts of the project (before and after a change)",
+    "link_accuracy.py": "live, tc needs root",
+    "long_prompts.py": "live",
+    "policy_http.py": "live",
+    "prefix_cache.py": "live",
+    "provenance.py": "a helper, not a bench",
+    "real_model_timing.py": "torch",
+    "receiver_flood.py": "live",
+    "router_faults.py": "live external routers",
+    "scheduler.py": "live",
+    "shaper_agreement.py": "live, tc needs root",
+    "sim_vs_live.py": "live leg",
+    "transfer_throughput.py": "live",
+}
+
+
+def test_every_script_is_smoked_or_exempt() -> None:
+    scripts = {p.name for p in (ROOT / "bench").glob("*.py")}
+    assert scripts == set(SMOKE) | set(EXEMPT)
+    assert not set(SMOKE) & set(EXEMPT)
+
+
+@pytest.mark.parametrize("script", sorted(SMOKE))
+def test_sim_bench_runs(script: str, tmp_path: Path) -> None:
+    argv = SMOKE[script]
+    if script == "thesis.py":
+        argv = [*argv, "--reports", str(tmp_path)]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip()
