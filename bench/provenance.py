@@ -12,6 +12,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def with_header(text: str, head: str) -> str:
+    """`text` (a report whose first line is its title) with the provenance header `head` under
+    the title, a blank line either side."""
+    title, _, rest = text.partition("\n")
+    return f"{title}\n\n{head}\n{rest.lstrip(chr(10))}"
+
+
 def report_body(text: str) -> str:
     """A report without its provenance lines (the header's `- command:` ... `- substrate:`
     items): what regenerating it with the same seeds must reproduce byte for byte when its

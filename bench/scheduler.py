@@ -22,11 +22,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from provenance import (  # bench/provenance.py: the script's directory is on sys.path
+    provenance,
+    with_header,
+)
 
 from testbed.experiment import Grid, completion_rate, ttft_p90
 from testbed.metrics.records import HistoryEvent, RequestRecord
@@ -181,14 +187,17 @@ def main() -> int:
     ap.add_argument("--report", type=Path, help="also write the tables to this markdown file")
     ap.add_argument("--json", type=Path, help="also write the raw rows as JSON")
     args = ap.parse_args()
+    load_before = os.getloadavg()
     loads = [float(x) for x in args.loads.split(",") if x]
     drop = bandwidth_drop(loads) if args.only in (None, "drop") else []
     shift = traffic_shift() if args.only in (None, "shift") else []
     text = render(drop, shift)
     print(text)
     if args.report:
+        setup = "local (live), the scenarios' own seeds"
+        head = provenance("bench/scheduler.py", sys.argv[1:], load_before, setup)
         args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(text)
+        args.report.write_text(with_header(text, head))
     if args.json:
         args.json.write_text(json.dumps({"drop": drop, "shift": shift}, indent=1, default=str))
     return 0

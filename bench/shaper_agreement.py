@@ -31,6 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from provenance import (  # bench/provenance.py: the script's directory is on sys.path
+    provenance,
+    with_header,
+)
 
 from testbed.experiment import percentile, ttft_p90
 from testbed.metrics.records import RequestRecord
@@ -98,6 +102,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="one short run each (smoke test)")
     ap.add_argument("--report", help="write the table as markdown to this file")
     args = ap.parse_args()
+    load_before = os.getloadavg()
     if os.geteuid() != 0:
         print("shaper_agreement: the tc shaper needs root", file=sys.stderr)
         return 2
@@ -151,7 +156,9 @@ def main() -> int:
     text = "\n".join(lines)
     print(text)
     if args.report:
-        Path(args.report).write_text(text + "\n")
+        setup = f"local (live), shapers emulator and tc; seeds seed .. seed+{args.runs - 1}"
+        head = provenance("bench/shaper_agreement.py", sys.argv[1:], load_before, setup)
+        Path(args.report).write_text(with_header(text, head) + "\n")
     return 0
 
 

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from provenance import provenance  # bench/provenance.py: the script's directory is on sys.path
 
 from testbed.experiment import completion_rate, in_window, percentile, steady_window
 from testbed.metrics.records import HistoryEvent, RequestRecord
@@ -221,6 +223,7 @@ def main() -> int:
     ap.add_argument("--models", help="comma-separated deployments of thesis.yaml (default: all)")
     ap.add_argument("--reports", type=Path, default=REPORTS, help="where thesis.md/.png go")
     args = ap.parse_args()
+    load_before = os.getloadavg()
     base = load_scenario(SCENARIO)
     rate = base.workload.arrivals.rate or 0.0
     inputs = plan_inputs(base)
@@ -328,7 +331,11 @@ def main() -> int:
 
     args.reports.mkdir(parents=True, exist_ok=True)
     plot(rows, policies, base.slo.ttft, args.reports / "thesis.png")
-    (args.reports / "thesis.md").write_text("\n".join(lines + table) + "\n")
+    setup = f"{args.substrate}; thesis.yaml's seed ({base.seed})"
+    head = provenance("bench/thesis.py", sys.argv[1:], load_before, setup)
+    (args.reports / "thesis.md").write_text(
+        "\n".join([lines[0], "", head, *lines[1:], *table]) + "\n"
+    )
     print(f"wrote {args.reports / 'thesis.md'} and thesis.png")
     return 0
 

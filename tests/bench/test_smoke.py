@@ -8,6 +8,7 @@ Exempt, with the reason (docs/experiments.md lists them too):
   receiver_flood.py, transfer_throughput.py: live processes and sockets on this machine
   (minutes per figure, and their point is the wall clock);
 - link_accuracy.py, shaper_agreement.py: live, and the tc shaper needs root;
+- link_cpu.py: live emulator processes and sockets (its figure is their CPU);
 - router_faults.py: live, the external routers (vllm-router, SGLang's gateway) installed;
 - real_model_timing.py: torch (the `model` extra);
 - sim_vs_live.py: its live leg (the sim leg alone is what the other smoke tests run);
@@ -50,6 +51,7 @@ EXEMPT = {
     "fidelity.py": "live",
     "lifecycle_parity.py": "two checkouts of the project (before and after a change)",
     "link_accuracy.py": "live, tc needs root",
+    "link_cpu.py": "live emulator processes and sockets",
     "long_prompts.py": "live",
     "policy_http.py": "live",
     "prefix_cache.py": "live",
@@ -66,7 +68,8 @@ EXEMPT = {
 
 def test_every_script_is_smoked_or_exempt() -> None:
     scripts = {p.name for p in (ROOT / "bench").glob("*.py")}
-    assert scripts == set(SMOKE) | set(EXEMPT)
+    assert scripts <= set(SMOKE) | set(EXEMPT), "list a new script in SMOKE or EXEMPT"
+    assert set(SMOKE) <= scripts
     assert not set(SMOKE) & set(EXEMPT)
 
 
