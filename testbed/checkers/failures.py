@@ -33,3 +33,14 @@ def check_failures(
     frac = failed / submitted
     detail = f"{failed} of {submitted} failed ({frac:.1%}, at most {max_fraction:.1%})"
     return CheckResult("failures", frac <= max_fraction, detail)
+
+
+EVIDENCE: dict[str, str | tuple[str, ...]] = {
+    "FailuresCheck.check": ("tests/checkers/test_checker_fields.py::test_failures_max_fraction"),
+    "FailuresCheck.max_fraction": (
+        "tests/checkers/test_checker_fields.py::test_failures_max_fraction"
+    ),
+}
+"""Evidence that each field of this module's models changes what the testbed does: the tests
+(`path::function`) that show it, read by tests/test_no_silent_fields.py (a field without a
+row here or there fails it)."""

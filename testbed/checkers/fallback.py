@@ -71,3 +71,19 @@ def fallback(cfg: FallbackCheck, run: CheckInput) -> CheckResult:
                           f"routed by the fallback; slowest decision {worst:.3g} ms "
                           f"(bound {bound_ms:g} ms)"))  # fmt: skip
     return combine(name, parts)
+
+
+EVIDENCE: dict[str, str | tuple[str, ...]] = {
+    "FallbackCheck.check": (
+        "tests/policy/test_policy_faults.py::test_fallback_check_passes_lost_slow_and_vacuous"
+    ),
+    "FallbackCheck.fault": (
+        "tests/policy/test_policy_faults.py::test_fallback_check_passes_lost_slow_and_vacuous"
+    ),
+    "FallbackCheck.max_decision": (
+        "tests/policy/test_policy_faults.py::test_fallback_check_passes_lost_slow_and_vacuous"
+    ),
+}
+"""Evidence that each field of this module's models changes what the testbed does: the tests
+(`path::function`) that show it, read by tests/test_no_silent_fields.py (a field without a
+row here or there fails it)."""

@@ -114,3 +114,21 @@ def check_latency(
         f"mean {seconds(mean or 0.0)}"
     )
     return CheckResult(name, got <= bound_s, detail)
+
+
+EVIDENCE: dict[str, str | tuple[str, ...]] = {
+    "LatencyCheck.check": (
+        "tests/checkers/test_checker_fields.py::test_latency_check_picks_the_metric"
+    ),
+    "LatencyCheck.p": ("tests/checkers/test_checker_fields.py::test_latency_p_and_max"),
+    "LatencyCheck.max": ("tests/checkers/test_checker_fields.py::test_latency_p_and_max"),
+    "LatencyCheck.during": (
+        "tests/checkers/test_checker_fields.py::test_latency_during_and_max_ratio"
+    ),
+    "LatencyCheck.max_ratio": (
+        "tests/checkers/test_checker_fields.py::test_latency_during_and_max_ratio"
+    ),
+}
+"""Evidence that each field of this module's models changes what the testbed does: the tests
+(`path::function`) that show it, read by tests/test_no_silent_fields.py (a field without a
+row here or there fails it)."""

@@ -180,3 +180,22 @@ def check_policy_share(cfg: PolicyShareCheck, run: CheckInput) -> CheckResult:
         f"by the fallback {s.fallback} ({reasons_text(s.reasons)}){out}"
     )
     return CheckResult(name, s.share >= cfg.min, detail)
+
+
+EVIDENCE: dict[str, str | tuple[str, ...]] = {
+    "PolicyShareCheck.check": (
+        "tests/checkers/test_policy_share.py::"
+        "test_the_check_is_on_by_default_for_outside_policies_only"
+    ),
+    "PolicyShareCheck.min": (
+        "tests/checkers/test_policy_share.py::"
+        "test_the_share_fails_under_min_and_names_the_fallbacks_by_kind"
+    ),
+    "PolicyShareCheck.settle": (
+        "tests/checkers/test_policy_share.py::"
+        "test_a_faults_aftermath_is_left_out_for_settle_after_its_end"
+    ),
+}
+"""Evidence that each field of this module's models changes what the testbed does: the tests
+(`path::function`) that show it, read by tests/test_no_silent_fields.py (a field without a
+row here or there fails it)."""

@@ -99,3 +99,25 @@ def check_recover(
             )
         )
     return combine(name, parts)
+
+
+EVIDENCE: dict[str, str | tuple[str, ...]] = {
+    "RecoverCheck.check": (
+        "tests/checkers/test_checker_fields.py::test_recover_fault_within_ttft_and_streak"
+    ),
+    "RecoverCheck.fault": (
+        "tests/checkers/test_checker_fields.py::test_recover_fault_within_ttft_and_streak"
+    ),
+    "RecoverCheck.within": (
+        "tests/checkers/test_checker_fields.py::test_recover_fault_within_ttft_and_streak"
+    ),
+    "RecoverCheck.ttft": (
+        "tests/checkers/test_checker_fields.py::test_recover_fault_within_ttft_and_streak"
+    ),
+    "RecoverCheck.streak": (
+        "tests/checkers/test_checker_fields.py::test_recover_fault_within_ttft_and_streak"
+    ),
+}
+"""Evidence that each field of this module's models changes what the testbed does: the tests
+(`path::function`) that show it, read by tests/test_no_silent_fields.py (a field without a
+row here or there fails it)."""

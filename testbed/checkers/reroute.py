@@ -93,3 +93,13 @@ def check_reroute(
                 ("failed", f"{what}: none of {len(scoped)} requests arriving during it avoided it")
             )
     return combine(name, parts)
+
+
+EVIDENCE: dict[str, str | tuple[str, ...]] = {
+    "RerouteCheck.check": ("tests/checkers/test_checker_fields.py::test_reroute_fault_and_within"),
+    "RerouteCheck.fault": ("tests/checkers/test_checker_fields.py::test_reroute_fault_and_within"),
+    "RerouteCheck.within": ("tests/checkers/test_checker_fields.py::test_reroute_fault_and_within"),
+}
+"""Evidence that each field of this module's models changes what the testbed does: the tests
+(`path::function`) that show it, read by tests/test_no_silent_fields.py (a field without a
+row here or there fails it)."""

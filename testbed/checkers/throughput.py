@@ -67,3 +67,22 @@ def check_throughput(
         f"{rate:.2f} req/s completed ({done} requests) vs planner {target:.2f} req/s "
         f"({rate / target - 1:+.1%}; at least {min_fraction:.0%})",
     )
+
+
+EVIDENCE: dict[str, str | tuple[str, ...]] = {
+    "ThroughputCheck.check": (
+        "tests/checkers/test_checker_fields.py::test_throughput_after_until_and_min_fraction"
+    ),
+    "ThroughputCheck.after": (
+        "tests/checkers/test_checker_fields.py::test_throughput_after_until_and_min_fraction"
+    ),
+    "ThroughputCheck.until": (
+        "tests/checkers/test_checker_fields.py::test_throughput_after_until_and_min_fraction"
+    ),
+    "ThroughputCheck.min_fraction": (
+        "tests/checkers/test_checker_fields.py::test_throughput_after_until_and_min_fraction"
+    ),
+}
+"""Evidence that each field of this module's models changes what the testbed does: the tests
+(`path::function`) that show it, read by tests/test_no_silent_fields.py (a field without a
+row here or there fails it)."""

@@ -69,3 +69,13 @@ def check_token_exact(
     if not completed:
         return vacuous(name, f"{detail}: nothing to compare")
     return CheckResult(name, not bad and not missing, detail)
+
+
+EVIDENCE: dict[str, str | tuple[str, ...]] = {
+    "TokenExactCheck.check": (
+        "tests/checkers/test_checker_fields.py::test_token_exact_compares_with_the_reference"
+    ),
+}
+"""Evidence that each field of this module's models changes what the testbed does: the tests
+(`path::function`) that show it, read by tests/test_no_silent_fields.py (a field without a
+row here or there fails it)."""

@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Iterable
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
-from pydantic import Field, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from testbed.config.base import Duration, PositiveDuration, StrictModel, Tokens
 from testbed.config.limits import DECODE_TOKENS_PER_S, within
+from testbed.config.suggest import closest_field
+from testbed.registry import Registry
 
 __all__ = [
+    "POLICY_KNOBS",
     "LongTermConfig",
     "PlannerConfig",
     "PolicyConfig",
-    "PredictConfig",
+    "PolicyKnobs",
     "ShortTermConfig",
     "SloConfig",
 ]
@@ -74,50 +86,37 @@ class LongTermConfig(StrictModel):
     drain_timeout: PositiveDuration = 300.0
 
 
-class PredictConfig(StrictModel):
-    """`prfaas-predict`'s knobs (testbed/policy/predict.py; defaults justified in
-    docs/scheduler.md)."""
+K = TypeVar("K", bound="PolicyKnobs")
 
-    link_headroom: float = Field(0.9, gt=0, le=1)
-    """Share of the estimated bandwidth a new transfer is predicted to get."""
-    backlog_s: PositiveDuration = 0.5
-    """A link backlog this long at the delivered rate makes the delivered rate the prediction's
-    bandwidth (the estimate lags a drop by seconds)."""
-    count_queued_kv: bool = True
-    """Count the KV of every request outstanding on PrfaaS as ahead on the link, not only the
-    bytes already sent."""
-    busy_weight: float = Field(0.0, ge=0)
-    """Weight of the time an option keeps its resource busy (T_prefill on PD-P; the larger of
-    T_prefill on PrfaaS and the KV's time on the link) added to the predicted first token:
-    what a request costs the ones that arrive after it."""
-    min_bandwidth_share: float = Field(0.05, ge=0, le=1)
-    """Least share of the highest estimate seen that predictions believe in: a black hole's
-    estimate falls to zero, yet it heals, and what waits for the link then crosses at once."""
-    pull_prefixes: bool = True
-    """Weigh pulling a prefix cached in PrfaaS before a PD-P prefill (abundant link only)."""
-    ttft_target: PositiveDuration | None = 10.0
-    """A request predicted to miss this on both options goes where it keeps a resource busy
-    for less; None: always the earliest first token."""
-    triage_slack: float | None = Field(None, ge=1)
-    """... if its first token there is predicted at most this factor later than on the other
-    (None: whatever the factor)."""
-    triage_weight: float | None = Field(None, gt=0)
-    """... or, with a weight k, where its predicted first token plus k x that share is least
-    (while the link is not narrowed below half its nominal rate): a dial from SLO attainment
-    and saturation throughput (None: the smaller share outright) towards P90 TTFT (small k);
-    bench/reports/scheduler.md measures it."""
-    local_reserve: float | None = Field(None, gt=0)
-    """While PrfaaS is predicted to miss `ttft_target`, a request whose locally uncached tokens
-    exceed this share of the threshold in force does not take PD-P: PD-P's on-time capacity
-    goes to short prompts, as the paper's rule keeps them (None: no reserve). With
-    `triage_weight` it keeps most of the SLO attainment the dial gives up on cache-skew
-    (docs/scheduler.md, "The local reserve")."""
-    recount_s: PositiveDuration = 1.0
-    """Real-world seconds between sums of the PrfaaS queues' KV (an O(n) scan)."""
-    busy_rate: Literal["nominal", "current"] = "nominal"
-    """The link rate the PrfaaS option's busy share (triage, `busy_weight`) divides its KV by:
-    the link's nominal rate (the highest estimate seen: a narrowed link's backlog clears at it
-    once the link heals) or the current estimate (the rate the prediction uses)."""
+
+class PolicyKnobs(StrictModel):
+    """A policy's own knobs: the section `policy.<section>` of a scenario (`policy.predict` for
+    `prfaas-predict`). The model lives beside its policy (testbed/policy/predict.py), which names
+    it as its class's `config`, as a fault names its entry's model; the policy registry then
+    registers it here under its `section`, so a policy with knobs edits no central model
+    (docs/extending.md). Every registered section is part of every scenario's `policy:` (with
+    its defaults when the file leaves it out), so `policy.predict.link_headroom` stays a path of
+    the file and of `--set`, whatever the policy, as it was when the section was a field here."""
+
+    section: ClassVar[str]
+    """The key under `policy:` (a Python identifier)."""
+
+
+def _check_knobs(model: type[PolicyKnobs]) -> None:
+    if not (isinstance(model, type) and issubclass(model, PolicyKnobs)):
+        raise TypeError(f"{model!r}: a policy's config must derive from PolicyKnobs")
+    section = getattr(model, "section", None)
+    if not isinstance(section, str) or not section.isidentifier():
+        raise TypeError(f"{model.__qualname__}: class attribute 'section' must be an identifier")
+    if section in PolicyConfig.model_fields:
+        raise ValueError(f"{model.__qualname__}: section {section!r} is a field of PolicyConfig")
+
+
+POLICY_KNOBS: Registry[type[PolicyKnobs]] = Registry(
+    "policy section", "testbed.policy", names=lambda m: (m.section,), check=_check_knobs
+)
+"""Every policy's knobs model by its section; filled by the policy registry (testbed.policy.base)
+as each policy class with a `config` registers."""
 
 
 class PolicyConfig(StrictModel):
@@ -125,15 +124,21 @@ class PolicyConfig(StrictModel):
     answering the decision protocol (docs/policy-protocol.md). For `kind: http` the config
     writes `name` itself, as the URL with its settings in the fragment
     (`http://host:port/route#timeout=50ms&fallback=naive`): that one string is what every
-    other part of the testbed (and `--policy`) calls the policy."""
+    other part of the testbed (and `--policy`) calls the policy.
+
+    Besides these fields, one section per policy with knobs, each validated by that policy's
+    own model (`PolicyKnobs`; e.g. `predict:`, the knobs of `prfaas-predict`, ignored by the
+    other policies): `knobs(Model)` reads one."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    """Sections are the extra keys, each checked by its model (`_sections`): an unknown key is
+    still an error naming it."""
 
     kind: Literal["python", "http"] = "python"
     name: str = "prfaas-static"
     threshold: Tokens | Literal["auto"] = "auto"
     short_term: ShortTermConfig = Field(default_factory=lambda: ShortTermConfig())
     long_term: LongTermConfig = Field(default_factory=lambda: LongTermConfig())
-    predict: PredictConfig = Field(default_factory=lambda: PredictConfig())
-    """Knobs of `prfaas-predict` (ignored by the other policies)."""
     url: str | None = None
     """kind http: where decisions are posted (POST), e.g. http://127.0.0.1:9000/route."""
     timeout: PositiveDuration = 0.020
@@ -145,6 +150,45 @@ class PolicyConfig(StrictModel):
     output goes to the results directory) and stopped after it; `url` must be where it serves."""
     debug_validate: bool = False
     """kind http: check every message against the JSON Schemas (slow; needs jsonschema)."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _sections(
+        cls, data: Any, handler: ModelWrapValidatorHandler[PolicyConfig], info: ValidationInfo
+    ) -> PolicyConfig:
+        """Each policy's section validated by its model, with errors at its path
+        (`policy.predict.link_headroom`); every registered section not given gets its defaults;
+        any other key is unknown, as on every other model."""
+        if not isinstance(data, dict):
+            return handler(data)
+        data = dict(data)
+        errors: list[InitErrorDetails] = []
+        for key in [k for k in data if k not in cls.model_fields]:
+            model = POLICY_KNOBS.get(key)
+            if model is None:
+                errors.append(_unknown((key,), data[key], {*cls.model_fields, *POLICY_KNOBS}))
+                continue
+            try:
+                data[key] = model.model_validate(data[key], context=info.context)
+            except ValidationError as exc:
+                errors += [
+                    _unknown((key, *e["loc"]), e["input"], model.model_fields)
+                    if e["type"] == "extra_forbidden" and len(e["loc"]) == 1
+                    else InitErrorDetails(
+                        type=e["type"], loc=(key, *e["loc"]), input=e["input"], ctx=e.get("ctx", {})
+                    )
+                    for e in exc.errors()
+                ]
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        for section, model in POLICY_KNOBS.items():
+            data.setdefault(section, model())
+        return handler(data)
+
+    def knobs(self, model: type[K]) -> K:
+        """This scenario's section of `model` (its defaults if the policy has just registered)."""
+        value = (self.__pydantic_extra__ or {}).get(model.section)
+        return value if isinstance(value, model) else model()
 
     @model_validator(mode="after")
     def _http(self) -> PolicyConfig:
@@ -178,7 +222,154 @@ class PolicyConfig(StrictModel):
         return self
 
 
+def _unknown(loc: tuple[int | str, ...], value: Any, known: Iterable[str]) -> InitErrorDetails:
+    """An unknown key of `policy:` or of a section, worded as every other model's (the
+    scenario's error formatter cannot see the sections' fields to suggest one)."""
+    near = closest_field(str(loc[-1]), known)
+    hint = f"; did you mean {near!r}?" if near is not None else ""
+    return InitErrorDetails(
+        type=PydanticCustomError("unknown_field", f"unknown field{hint}"), loc=loc, input=value
+    )
+
+
 class PlannerConfig(StrictModel):
     """Grid of the planner's threshold search (Eqs. 7-8)."""
 
     threshold_step: Tokens = 100.0
+
+
+EVIDENCE: dict[str, str | tuple[str, ...]] = {
+    "SloConfig.decode_tokens_per_s": (
+        "tests/scenario/test_prepare_fields.py::test_decode_speed_slo_sets_the_decode_batch",
+        "tests/metrics/test_slo_fields.py::test_ttft_and_decode_speed_set_what_counts_as_good",
+    ),
+    "SloConfig.ttft": (
+        "tests/metrics/test_slo_fields.py::test_ttft_and_decode_speed_set_what_counts_as_good"
+    ),
+    "SloConfig.e2e": ("tests/metrics/test_bench.py::test_goodput_e2e_bound_and_tpot_tolerance"),
+    "SloConfig.tpot_tolerance": (
+        "tests/metrics/test_bench.py::test_goodput_e2e_bound_and_tpot_tolerance"
+    ),
+    "PolicyConfig.name": ("tests/scenario/test_prepare_fields.py::test_policy_name_and_threshold"),
+    "PolicyConfig.threshold": (
+        "tests/scenario/test_prepare_fields.py::test_policy_name_and_threshold"
+    ),
+    "PolicyConfig.short_term": (
+        "tests/scenario/test_runner_specs.py::"
+        "test_the_router_gets_policy_threshold_cache_and_scheduler"
+    ),
+    "PolicyConfig.long_term": (
+        "tests/scenario/test_runner_specs.py::"
+        "test_the_long_term_loop_makes_pd_instances_with_its_switch_time"
+    ),
+    "PolicyConfig.kind": (
+        "tests/policy/test_policy_http.py::test_scenario_kind_http_names_the_policy_by_its_url"
+    ),
+    "PolicyConfig.url": (
+        "tests/policy/test_policy_http.py::test_scenario_kind_http_names_the_policy_by_its_url",
+        "tests/policy/test_policy_faults.py::test_a_scenario_owns_its_scheduler_on_the_sim",
+    ),
+    "PolicyConfig.timeout": (
+        "tests/policy/test_policy_http.py::test_scenario_kind_http_names_the_policy_by_its_url",
+        "tests/policy/test_policy_http.py::test_a_slow_service_falls_back_within_the_timeout",
+    ),
+    "PolicyConfig.fallback": (
+        "tests/policy/test_policy_http.py::test_scenario_kind_http_names_the_policy_by_its_url",
+        "tests/policy/test_policy_http.py::test_a_policy_url_is_a_policy_with_its_fallbacks_facts",
+    ),
+    "PolicyConfig.command": (
+        "tests/policy/test_policy_faults.py::test_a_scenario_owns_its_scheduler_on_the_sim",
+        "tests/chaos/test_byos.py::test_killing_the_scheduler_loses_nothing",
+    ),
+    "PolicyConfig.debug_validate": (
+        "tests/policy/test_policy_faults.py::test_debug_validate_checks_answers_against_the_schemas"
+    ),
+    "PlannerConfig.threshold_step": (
+        "tests/scenario/test_prepare_fields.py::test_threshold_step_is_the_planners_grid"
+    ),
+    "ShortTermConfig.interval": (
+        "tests/scheduler/test_knobs.py::test_the_short_term_loop_hands_its_knobs_to_the_controllers"
+    ),
+    "ShortTermConfig.replan_change": (
+        "tests/scheduler/test_knobs.py::"
+        "test_the_short_term_loop_hands_its_knobs_to_the_controllers",
+        "tests/scheduler/test_knobs.py::"
+        "test_replan_change_is_how_far_the_bandwidth_moves_before_a_replan",
+    ),
+    "ShortTermConfig.min_t_change": (
+        "tests/scheduler/test_knobs.py::"
+        "test_the_short_term_loop_hands_its_knobs_to_the_controllers",
+        "tests/scheduler/test_knobs.py::test_min_t_change_is_the_smallest_new_threshold_adopted",
+    ),
+    "ShortTermConfig.cooldown": (
+        "tests/scheduler/test_knobs.py::"
+        "test_the_short_term_loop_hands_its_knobs_to_the_controllers",
+        "tests/scheduler/test_knobs.py::test_cooldown_holds_the_threshold_after_a_change",
+    ),
+    "ShortTermConfig.scarce_utilisation": (
+        "tests/scheduler/test_knobs.py::"
+        "test_the_short_term_loop_hands_its_knobs_to_the_controllers",
+        "tests/scheduler/test_knobs.py::"
+        "test_scarce_utilisation_is_the_egress_share_that_counts_as_scarce",
+    ),
+    "ShortTermConfig.queue_balance": (
+        "tests/scheduler/test_knobs.py::"
+        "test_the_short_term_loop_hands_its_knobs_to_the_controllers",
+        "tests/scheduler/test_longterm.py::"
+        "test_queue_balance_leans_away_from_the_backlogged_route_and_decays",
+    ),
+    "ShortTermConfig.balance_margin": (
+        "tests/scheduler/test_knobs.py::"
+        "test_the_short_term_loop_hands_its_knobs_to_the_controllers",
+        "tests/scheduler/test_knobs.py::test_balance_margin_step_and_max_bias",
+    ),
+    "ShortTermConfig.balance_step": (
+        "tests/scheduler/test_knobs.py::"
+        "test_the_short_term_loop_hands_its_knobs_to_the_controllers",
+        "tests/scheduler/test_knobs.py::test_balance_margin_step_and_max_bias",
+    ),
+    "ShortTermConfig.max_bias": (
+        "tests/scheduler/test_knobs.py::"
+        "test_the_short_term_loop_hands_its_knobs_to_the_controllers",
+        "tests/scheduler/test_knobs.py::test_balance_margin_step_and_max_bias",
+    ),
+    "LongTermConfig.interval": (
+        "tests/scheduler/test_knobs.py::test_the_long_term_loop_hands_its_knobs_to_the_controller"
+    ),
+    "LongTermConfig.window": (
+        "tests/scheduler/test_knobs.py::"
+        "test_window_and_min_samples_pick_the_lengths_the_planner_sees"
+    ),
+    "LongTermConfig.min_samples": (
+        "tests/scheduler/test_knobs.py::"
+        "test_window_and_min_samples_pick_the_lengths_the_planner_sees"
+    ),
+    "LongTermConfig.min_gain": (
+        "tests/scheduler/test_knobs.py::test_the_long_term_loop_hands_its_knobs_to_the_controller",
+        "tests/scheduler/test_knobs.py::test_min_gain_sustain_and_pressure_gate_a_conversion",
+    ),
+    "LongTermConfig.sustain": (
+        "tests/scheduler/test_knobs.py::test_the_long_term_loop_hands_its_knobs_to_the_controller",
+        "tests/scheduler/test_knobs.py::test_min_gain_sustain_and_pressure_gate_a_conversion",
+    ),
+    "LongTermConfig.pressure": (
+        "tests/scheduler/test_knobs.py::test_the_long_term_loop_hands_its_knobs_to_the_controller",
+        "tests/scheduler/test_knobs.py::test_min_gain_sustain_and_pressure_gate_a_conversion",
+    ),
+    "LongTermConfig.role_switch": (
+        "tests/scheduler/test_knobs.py::test_role_switch_is_the_time_each_conversion_is_given",
+        "tests/scenario/test_runner_specs.py::"
+        "test_the_long_term_loop_makes_pd_instances_with_its_switch_time",
+    ),
+    "LongTermConfig.predrain": (
+        "tests/scheduler/test_knobs.py::test_the_long_term_loop_hands_its_knobs_to_the_controller",
+        "tests/scheduler/test_longterm_predrain.py::"
+        "test_draining_starts_predrain_checks_before_the_conversion",
+    ),
+    "LongTermConfig.drain_timeout": (
+        "tests/scheduler/test_loops.py::test_a_drain_that_never_empties_times_out_without_switching"
+    ),
+}
+"""Evidence that each field of this module's models changes what the testbed does: the tests
+(`path::function`) that show it, read by tests/test_no_silent_fields.py (a field without a
+row here or there fails it)."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Protocol, get_args
 
 from testbed.config import DeploymentKind
+from testbed.config.policy import POLICY_KNOBS, PolicyKnobs
 from testbed.profiles import Curve, ModelProfile
 from testbed.registry import Registry
 
@@ -241,6 +242,9 @@ class Policy(Protocol):
     #     The policy reads `snapshot.link`: the router runs the short-term loop's link
     #     sampling for it even when it does not re-plan (the threshold then stays the
     #     scenario's). Every HTTP policy declares it (testbed.policy.http).
+    # config: ClassVar[type[PolicyKnobs]]
+    #     Its knobs' model, as a fault names its entry's (testbed/policy/predict.py): the
+    #     scenario's `policy.<config.section>`, handed to `from_config` (testbed.config.policy).
 
     def decide(self, request: RequestView, snapshot: Snapshot) -> Route: ...
 
@@ -248,6 +252,9 @@ class Policy(Protocol):
 _FACTS = ("needs_threshold", "replans", "long_term", "cache_aware")
 LINK_VIEW = "link_view"
 """The optional fact a policy class may declare (see `Policy` and `measures_link`)."""
+CONFIG = "config"
+"""The optional model of a policy's knobs (a `PolicyKnobs`, section `policy.<section>`), which
+its `from_config` reads with `PolicyConfig.knobs`."""
 
 
 def measures_link(cls: type[Policy]) -> bool:
@@ -278,6 +285,13 @@ def _check_policy(cls: type[Policy]) -> None:
         raise TypeError(f"{label}: class attribute {LINK_VIEW!r} must be True or False")
     if not callable(getattr(cls, "decide", None)):
         raise TypeError(f"{label}: needs a decide(request, snapshot) method")
+    knobs = getattr(cls, CONFIG, None)
+    if knobs is not None:
+        if not (isinstance(knobs, type) and issubclass(knobs, PolicyKnobs)):
+            raise TypeError(f"{label}: class attribute {CONFIG!r} must be a PolicyKnobs model")
+        if not callable(getattr(cls, "from_config", None)):
+            raise TypeError(f"{label}: has a {CONFIG!r} but no from_config(policy_config)")
+        POLICY_KNOBS.register(knobs)  # its section joins every scenario's `policy:`
 
 
 POLICIES: Registry[type[Policy]] = Registry(

@@ -21,17 +21,19 @@ the same whichever prefill option wins, so it does not enter the comparison.
 
 Where the prediction cannot be trusted, the paper's threshold decides (the guard): the link
 estimate is cold (no bandwidth yet), the snapshot carries no cost curves, or the instance the
-prediction would use is not in state "ok" (suspect). Parameters: `PredictConfig`
-(testbed/config/policy.py), their reasons in docs/scheduler.md.
+prediction would use is not in state "ok" (suspect). Parameters: `PredictConfig` (below, the
+scenario's `policy.predict`), their reasons in docs/scheduler.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from testbed.config import DeploymentKind
-from testbed.config.policy import PolicyConfig, PredictConfig
+from pydantic import Field
+
+from testbed.config import DeploymentKind, PositiveDuration
+from testbed.config.policy import PolicyConfig, PolicyKnobs
 from testbed.policy.base import (
     POLICIES,
     Cluster,
@@ -43,7 +45,55 @@ from testbed.policy.base import (
     Snapshot,
 )
 
-__all__ = ["Prediction", "PrfaasPredict", "predict"]
+__all__ = ["PredictConfig", "Prediction", "PrfaasPredict", "predict"]
+
+
+class PredictConfig(PolicyKnobs):
+    """`prfaas-predict`'s knobs, the scenario's `policy.predict` (defaults justified in
+    docs/scheduler.md)."""
+
+    section: ClassVar[str] = "predict"
+
+    link_headroom: float = Field(0.9, gt=0, le=1)
+    """Share of the estimated bandwidth a new transfer is predicted to get."""
+    backlog_s: PositiveDuration = 0.5
+    """A link backlog this long at the delivered rate makes the delivered rate the prediction's
+    bandwidth (the estimate lags a drop by seconds)."""
+    count_queued_kv: bool = True
+    """Count the KV of every request outstanding on PrfaaS as ahead on the link, not only the
+    bytes already sent."""
+    busy_weight: float = Field(0.0, ge=0)
+    """Weight of the time an option keeps its resource busy (T_prefill on PD-P; the larger of
+    T_prefill on PrfaaS and the KV's time on the link) added to the predicted first token:
+    what a request costs the ones that arrive after it."""
+    min_bandwidth_share: float = Field(0.05, ge=0, le=1)
+    """Least share of the highest estimate seen that predictions believe in: a black hole's
+    estimate falls to zero, yet it heals, and what waits for the link then crosses at once."""
+    pull_prefixes: bool = True
+    """Weigh pulling a prefix cached in PrfaaS before a PD-P prefill (abundant link only)."""
+    ttft_target: PositiveDuration | None = 10.0
+    """A request predicted to miss this on both options goes where it keeps a resource busy
+    for less; None: always the earliest first token."""
+    triage_slack: float | None = Field(None, ge=1)
+    """... if its first token there is predicted at most this factor later than on the other
+    (None: whatever the factor)."""
+    triage_weight: float | None = Field(None, gt=0)
+    """... or, with a weight k, where its predicted first token plus k x that share is least
+    (while the link is not narrowed below half its nominal rate): a dial from SLO attainment
+    and saturation throughput (None: the smaller share outright) towards P90 TTFT (small k);
+    bench/reports/scheduler.md measures it."""
+    local_reserve: float | None = Field(None, gt=0)
+    """While PrfaaS is predicted to miss `ttft_target`, a request whose locally uncached tokens
+    exceed this share of the threshold in force does not take PD-P: PD-P's on-time capacity
+    goes to short prompts, as the paper's rule keeps them (None: no reserve). With
+    `triage_weight` it keeps most of the SLO attainment the dial gives up on cache-skew
+    (docs/scheduler.md, "The local reserve")."""
+    recount_s: PositiveDuration = 1.0
+    """Real-world seconds between sums of the PrfaaS queues' KV (an O(n) scan)."""
+    busy_rate: Literal["nominal", "current"] = "nominal"
+    """The link rate the PrfaaS option's busy share (triage, `busy_weight`) divides its KV by:
+    the link's nominal rate (the highest estimate seen: a narrowed link's backlog clears at it
+    once the link heals) or the current estimate (the rate the prediction uses)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,14 +219,16 @@ class PrfaasPredict:
     long_term: ClassVar[bool] = True
     cache_aware: ClassVar[bool] = True
     """Predictions charge each cluster only the tokens its own cache lacks."""
+    config: ClassVar[type[PredictConfig]] = PredictConfig
+    """Its knobs: the scenario's `policy.predict`."""
 
     @classmethod
     def from_config(cls, config: PolicyConfig) -> PrfaasPredict:
         """The scenario's `policy.predict` knobs (testbed.policy.make_policy)."""
-        return cls(config.predict)
+        return cls(config.knobs(PredictConfig))
 
     def __init__(self, config: PredictConfig | None = None) -> None:
-        self.config = config if config is not None else PredictConfig()
+        self.knobs = config if config is not None else PredictConfig()
         self._count_at = -float("inf")
         self._pending_kv = 0.0
         self._n = {"local": 1, "prfaas": 1}
@@ -199,7 +251,7 @@ class PrfaasPredict:
         instances that changed since (`Snapshot.changed_since`: the load book walks only those,
         so a decision never scans the deployment); the KV this policy sends to PrfaaS in
         between is added as it goes."""
-        if self._count_at <= snapshot.now < self._count_at + self.config.recount_s:
+        if self._count_at <= snapshot.now < self._count_at + self.knobs.recount_s:
             return
         self._count_at = snapshot.now
         if snapshot.version <= 0 or snapshot.version < self._version:
@@ -248,15 +300,15 @@ class PrfaasPredict:
         assert costs is not None and link is not None and link.bandwidth_bps is not None
         self._peak_bps = max(self._peak_bps, link.bandwidth_bps)
         self._recount(snapshot, costs)
-        pending = self._pending_kv if self.config.count_queued_kv else 0.0
-        floor = self.config.min_bandwidth_share * self._peak_bps
+        pending = self._pending_kv if self.knobs.count_queued_kv else 0.0
+        floor = self.knobs.min_bandwidth_share * self._peak_bps
         n = self._n
-        p = predict(request, local, prfaas, costs, link, self.config, pending, floor,
+        p = predict(request, local, prfaas, costs, link, self.knobs, pending, floor,
                     n["local"], n["prfaas"], self._peak_bps)  # fmt: skip
         self.predicted += 1
         self.last = p
         uncached_local = request.input_tokens - request.cached_local
-        reserve = self.config.local_reserve
+        reserve = self.knobs.local_reserve
         long_request = reserve is not None and t is not None and uncached_local > reserve * t
         narrowed = link.bandwidth_bps < NARROWED * self._peak_bps
         cluster = self.choose(p, narrowed=narrowed, long_request=long_request)
@@ -277,11 +329,11 @@ class PrfaasPredict:
         its share is least. A `long_request` (past `local_reserve` x t) goes to PrfaaS
         whenever PrfaaS is late: under overload PD-P's on-time capacity serves more requests
         if it serves short ones."""
-        w, target = self.config.busy_weight, self.config.ttft_target
+        w, target = self.knobs.busy_weight, self.knobs.ttft_target
         if long_request and target is not None and target < p.prfaas < float("inf"):
             return "prfaas"  # inf: no bandwidth to believe in, PrfaaS is no option
         best = min(p.local, p.prfaas)
-        k = None if narrowed else self.config.triage_weight
+        k = None if narrowed else self.knobs.triage_weight
         if target is not None and best > target and k is not None:
             # the dial between the two: how many seconds of its own first token a late request
             # gives up per second of capacity it spares the ones behind it
@@ -289,7 +341,7 @@ class PrfaasPredict:
             return "prfaas" if weighted_prfaas < p.local + k * p.local_busy else "local"
         if target is not None and best > target:
             lighter: Cluster = "prfaas" if p.prfaas_busy < p.local_busy else "local"
-            slack = self.config.triage_slack
+            slack = self.knobs.triage_slack
             if slack is None or (p.prfaas if lighter == "prfaas" else p.local) <= best * slack:
                 return lighter
         return "prfaas" if p.prfaas + w * p.prfaas_busy < p.local + w * p.local_busy else "local"
@@ -335,3 +387,55 @@ class PrfaasPredict:
             uncached_tokens=max(request.input_tokens - cached, 0),
             threshold_tokens=t,
         )
+
+
+EVIDENCE: dict[str, str | tuple[str, ...]] = {
+    "PredictConfig.link_headroom": (
+        "tests/policy/test_predict.py::"
+        "test_link_headroom_is_the_share_of_the_estimate_a_transfer_gets"
+    ),
+    "PredictConfig.backlog_s": (
+        "tests/policy/test_predict.py::"
+        "test_backlog_s_is_the_queue_that_makes_the_delivered_rate_count"
+    ),
+    "PredictConfig.count_queued_kv": (
+        "tests/policy/test_predict.py::"
+        "test_count_queued_kv_and_recount_s_decide_what_counts_as_ahead"
+    ),
+    "PredictConfig.busy_weight": (
+        "tests/policy/test_predict.py::"
+        "test_busy_weight_charges_the_time_an_option_keeps_its_resource"
+    ),
+    "PredictConfig.min_bandwidth_share": (
+        "tests/policy/test_predict.py::test_min_bandwidth_share_is_the_floor_under_the_estimate"
+    ),
+    "PredictConfig.pull_prefixes": (
+        "tests/policy/test_predict.py::test_pull_prefixes_off_never_pulls"
+    ),
+    "PredictConfig.ttft_target": (
+        "tests/policy/test_predict.py::"
+        "test_a_request_late_everywhere_goes_where_it_keeps_a_resource_busy_less"
+    ),
+    "PredictConfig.triage_slack": (
+        "tests/policy/test_predict.py::"
+        "test_triage_slack_bounds_how_much_later_the_lighter_option_may_be"
+    ),
+    "PredictConfig.triage_weight": (
+        "tests/policy/test_predict.py::"
+        "test_triage_weight_dials_between_the_first_token_and_the_share"
+    ),
+    "PredictConfig.busy_rate": (
+        "tests/policy/test_predict.py::test_busy_rate_charges_the_kv_at_the_links_nominal_rate"
+    ),
+    "PredictConfig.local_reserve": (
+        "tests/policy/test_predict.py::"
+        "test_local_reserve_keeps_pd_p_for_short_prompts_while_prfaas_is_late"
+    ),
+    "PredictConfig.recount_s": (
+        "tests/policy/test_predict.py::"
+        "test_count_queued_kv_and_recount_s_decide_what_counts_as_ahead"
+    ),
+}
+"""Evidence that each field of this module's models changes what the testbed does: the tests
+(`path::function`) that show it, read by tests/test_no_silent_fields.py (a field without a
+row here or there fails it)."""

@@ -31,6 +31,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from testbed.config.base import UNIT_KINDS
+from testbed.config.policy import POLICY_KNOBS
 from testbed.scenario.schema import Scenario
 from testbed.units import format_bandwidth, format_duration, format_size, parse_tokens
 
@@ -300,6 +301,8 @@ def _union_section(u: _Union, walk: _Walk) -> list[str]:
 def _sections(root: type[BaseModel]) -> Iterator[list[str]]:
     walk = _Walk()
     walk.model(root)
+    for knobs in POLICY_KNOBS.entries():  # each policy's section of `policy:` (PolicyConfig)
+        walk.model(knobs)
     done_models: set[type[BaseModel]] = set()
     done_unions: list[_Union] = []
     while True:

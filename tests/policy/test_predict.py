@@ -8,10 +8,10 @@ from typing import Any, overload
 
 import pytest
 
-from testbed.config.policy import PolicyConfig, PredictConfig
+from testbed.config.policy import PolicyConfig
 from testbed.policy import get_policy, make_policy
 from testbed.policy.base import CostModel, InstanceLoad, LinkView, RequestView, Snapshot
-from testbed.policy.predict import PrfaasPredict, link_rate, predict
+from testbed.policy.predict import PredictConfig, PrfaasPredict, link_rate, predict
 
 GBPS = 1e9 / 8
 # T_prefill: 2e-4 s/token on the local (PD-P) hardware, 5e-5 s/token on PrfaaS; S_kv 1e5 B/token
@@ -169,7 +169,7 @@ def test_a_request_late_everywhere_goes_where_it_keeps_a_resource_busy_less() ->
 def test_the_scenario_knobs_reach_the_policy() -> None:
     config = PolicyConfig(name="prfaas-predict", predict=PredictConfig(link_headroom=0.5))
     policy = make_policy("prfaas-predict", config)
-    assert isinstance(policy, PrfaasPredict) and policy.config.link_headroom == 0.5
+    assert isinstance(policy, PrfaasPredict) and policy.knobs.link_headroom == 0.5
     assert make_policy("prfaas-static", config).name == "prfaas-static"  # others ignore it
 
 
@@ -429,7 +429,7 @@ def test_the_router_makes_the_policy_with_the_scenarios_knobs() -> None:
     state = RouterState(ServiceSpec(role="router", id="r", instances=INSTANCES,
                                     policy="prfaas-predict", policy_config=config))  # fmt: skip
     assert isinstance(state.policy, PrfaasPredict)
-    assert state.policy.config.link_headroom == 0.5
+    assert state.policy.knobs.link_headroom == 0.5
 
 
 def _drop_run(policy: str, **predict: Any) -> tuple[float, float, float, int]:
