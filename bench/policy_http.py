@@ -31,6 +31,7 @@ import numpy as np
 from testbed.policy.base import InstanceLoad, RequestView, Snapshot
 from testbed.policy.decider import Decider
 from testbed.policy.protocol import encode_decision
+from testbed.scenario.external_router import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "least-ttft"
@@ -61,12 +62,6 @@ app = web.Application()
 app.router.add_post("/route", route)
 web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start(service: str) -> tuple[subprocess.Popen[bytes], str]:

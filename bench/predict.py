@@ -42,10 +42,10 @@ from testbed.experiment import Grid, Setting, completion_rate, settings_of, stea
 from testbed.experiment.grid import Value
 from testbed.scenario.hindsight import default_thresholds
 from testbed.scenario.library import LIBRARY_DIR
-from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.plan import prepare_run
 from testbed.scenario.schema import Scenario, load_scenario
 from testbed.scenario.sim_run import sim_inputs
-from testbed.scenario.sweep import simulate_scenario
+from testbed.scenario.sweep import sim_options, simulate_scenario
 from testbed.sim.run import simulate
 
 POLICIES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -106,7 +106,7 @@ def _planned(name: str, load: float) -> tuple[float, list[float]]:
     `load`, a worse t would lower lambda_max and with it the offered rate), and the fixed
     thresholds `testbed hindsight` tries around that t (its grid: one grid, issue #37)."""
     sc = _scenario(name, policy="prfaas-static", seed_offset=0, load=load)
-    rp = prepare_run(sc, RunOptions(substrate="sim", out_dir=Path("unused"), progress=False))
+    rp = prepare_run(sc, sim_options())
     assert rp.rate_rps is not None and rp.threshold_tokens is not None
     return float(rp.rate_rps), default_thresholds(rp.threshold_tokens)
 
@@ -200,7 +200,7 @@ def shift_run(job: tuple[int, int]) -> dict[str, Any]:
     check = next(c for c in sc.checkers if c.check == "throughput")
     after, until = getattr(check, "after", None), getattr(check, "until", None)
     assert after is not None and until is not None
-    opts = RunOptions(substrate="sim", out_dir=Path("unused"), progress=False)
+    opts = sim_options()
     out = simulate(sim_inputs(prepare_run(sc, opts), opts))
     recs = out.records
     splits = [e.t for e in out.history if e.kind == "split"]

@@ -36,13 +36,13 @@ import argparse
 import dataclasses
 import statistics
 import sys
-from pathlib import Path
 from typing import Any
 
 from testbed.experiment import Grid, completion_rate, steady_window
 from testbed.profiles import MODELS
-from testbed.scenario.plan import RunOptions, RunPlan, prepare_run
+from testbed.scenario.plan import RunPlan, prepare_run
 from testbed.scenario.sim_run import sim_inputs
+from testbed.scenario.sweep import sim_options
 from testbed.sim import simulate
 from testbed.units import parse_duration
 from testbed.workload.build import length_distribution
@@ -64,11 +64,11 @@ def saturation_plan(dep: str, policy: str, duration: float, seed: int) -> RunPla
         },
     )
     sc = g.scenario_of()
-    return prepare_run(sc, RunOptions(substrate="sim", out_dir=Path("unused"), progress=False))
+    return prepare_run(sc, sim_options())
 
 
 def rate(rp: RunPlan, duration: float) -> float:
-    opts = RunOptions(substrate="sim", out_dir=Path("unused"), progress=False)
+    opts = sim_options()
     out = simulate(sim_inputs(rp, opts))
     return completion_rate(out.records, *steady_window(duration))
 

@@ -65,18 +65,17 @@ def main() -> int:
     if args.cpu >= 0:
         os.sched_setaffinity(0, {args.cpu})
 
-    from testbed.clock import Scale
-    from testbed.metrics.summary import summarize
-    from testbed.scenario.plan import RunOptions, prepare_run
+    from testbed.scenario.plan import prepare_run
     from testbed.scenario.schema import Scenario
     from testbed.scenario.sim_run import sim_inputs
+    from testbed.scenario.sweep import plan_summary, sim_options
     from testbed.sim import simulate
 
     raw = scaled_scenario(args.factor, args.duration, args.policy)
     if args.write_scenario:
         args.write_scenario.write_text(yaml.safe_dump(raw, sort_keys=False))
     scenario = Scenario.model_validate(raw)
-    opts = RunOptions(substrate="sim", out_dir=Path("unused"), progress=False)
+    opts = sim_options()
     t0 = time.perf_counter()
     rp = prepare_run(scenario, opts)
     prepare_s = time.perf_counter() - t0
@@ -104,13 +103,7 @@ def main() -> int:
     cpu_s = time.process_time() - c0
     rss_sim = rss_gib()
     t0 = time.perf_counter()
-    summary = summarize(
-        out.records,
-        out.history,
-        duration_s=rp.duration_s,
-        slo=scenario.slo,
-        scale=Scale.of(scenario.scale),
-    )
+    summary = plan_summary(rp, out.records, out.history)
     results_s = time.perf_counter() - t0
     n = len(out.submitted)
     print(

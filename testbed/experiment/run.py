@@ -17,13 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from testbed.clock import Scale
 from testbed.experiment.grid import Grid, Setting, Substrate
 from testbed.metrics.records import HistoryEvent, RequestRecord
-from testbed.metrics.summary import summarize
 from testbed.scenario.plan import RunOptions, RunPlan, prepare_run
 from testbed.scenario.schema import Scenario
-from testbed.scenario.sweep import Cell, cell_scenario, map_cells
+from testbed.scenario.sweep import Cell, cell_scenario, map_cells, plan_summary, sim_options
 from testbed.substrates import substrate_facts
 
 __all__ = ["Row", "Run", "run_experiment", "run_scenario_once"]
@@ -76,15 +74,11 @@ def run_scenario_once(
         from testbed.scenario.sim_run import sim_inputs
         from testbed.sim import simulate
 
-        opts = RunOptions(
-            substrate="sim", out_dir=Path("unused"), progress=False, max_requests=max_requests
-        )
+        opts = sim_options(max_requests=max_requests)
         rp = prepare_run(scenario, opts)
         out = simulate(sim_inputs(rp, opts))
         sc = rp.scenario
-        summary = summarize(
-            out.records, out.history, duration_s=rp.duration_s, slo=sc.slo, scale=Scale.of(sc.scale)
-        )
+        summary = plan_summary(rp, out.records, out.history)
         checks = (
             run_checkers(
                 out.records,

@@ -39,7 +39,7 @@ from testbed.scenario.library import resolve_scenario
 from testbed.scenario.plan import RunOptions, RunPlan, prepare_run
 from testbed.scenario.schema import Scenario, load_scenario
 from testbed.scenario.sim_run import sim_inputs
-from testbed.scenario.sweep import Cell, cell_scenario, run_grid
+from testbed.scenario.sweep import Cell, cell_scenario, run_grid, sim_options
 from testbed.sim import simulate
 
 __all__ = [
@@ -92,13 +92,7 @@ def measure_sim(
     it: the plan, the run's row (testbed.metrics.scorecard.run_row) and its checker results."""
     from testbed.checkers import run_checkers
 
-    opts = RunOptions(
-        substrate="sim",
-        policy=policy,
-        out_dir=Path("unused"),
-        progress=False,
-        max_requests=max_requests,
-    )
+    opts = sim_options(policy, max_requests)
     rp = prepare_run(scenario, opts)
     out = simulate(sim_inputs(rp, opts))
     sc = rp.scenario

@@ -29,10 +29,10 @@ import yaml
 from testbed.clock import Scale
 from testbed.config import load_yaml
 from testbed.errors import ConfigError, UserError
-from testbed.metrics.records import RequestRecord
+from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.metrics.summary import summarize
 from testbed.metrics.window import completion_rate, steady_window
-from testbed.scenario.plan import RunOptions, prepare_run
+from testbed.scenario.plan import RunOptions, RunPlan, prepare_run
 from testbed.scenario.schema import Scenario, scenario_from_data
 from testbed.scenario.sim_run import sim_inputs
 from testbed.sim import simulate
@@ -45,9 +45,11 @@ __all__ = [
     "map_cells",
     "parse_set",
     "parse_setting",
+    "plan_summary",
     "run_cell",
     "run_grid",
     "scenario_with_settings",
+    "sim_options",
 ]
 
 FLAG_GAP = 0.10
@@ -196,22 +198,34 @@ def cell_scenario(cell: Cell, base: dict[str, Any] | None = None) -> Scenario:
         raise UserError(f"{exc} (with --set {shown})") from None
 
 
+def sim_options(policy: str | None = None, max_requests: int | None = None) -> RunOptions:
+    """The options of a sim run whose results stay in memory (no output directory written)."""
+    return RunOptions(
+        substrate="sim",
+        policy=policy,
+        out_dir=Path("unused"),
+        progress=False,
+        max_requests=max_requests,
+    )
+
+
+def plan_summary(
+    rp: RunPlan, records: list[RequestRecord], history: list[HistoryEvent]
+) -> dict[str, Any]:
+    """summary.json's figures of a run of `rp` (its duration, SLO and scale)."""
+    sc = rp.scenario
+    return summarize(
+        records, history, duration_s=rp.duration_s, slo=sc.slo, scale=Scale.of(sc.scale)
+    )
+
+
 def simulate_scenario(
     scenario: Scenario, max_requests: int | None = None
 ) -> tuple[Any, dict[str, Any], list[RequestRecord]]:
-    opts = RunOptions(
-        substrate="sim", out_dir=Path("unused"), progress=False, max_requests=max_requests
-    )
+    opts = sim_options(max_requests=max_requests)
     rp = prepare_run(scenario, opts)
     out = simulate(sim_inputs(rp, opts))
-    summary = summarize(
-        out.records,
-        out.history,
-        duration_s=rp.duration_s,
-        slo=scenario.slo,
-        scale=Scale.of(scenario.scale),
-    )
-    return rp, summary, out.records
+    return rp, plan_summary(rp, out.records, out.history), out.records
 
 
 def run_cell(cell: Cell) -> dict[str, Any]:
