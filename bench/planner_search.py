@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.config import DeploymentConfig
+from testbed.experiment import Grid
 from testbed.planner import StagePlan, plan_deployment, plan_inputs
 from testbed.scenario.schema import load_scenario
 
@@ -27,14 +28,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def scaled(dep: DeploymentConfig, factor: int) -> DeploymentConfig:
+    """paper.yaml's prfaas-pd with `factor` times the instances of each cluster and the link's
+    bandwidth, written as `--set` settings and validated as the file is."""
     assert dep.prfaas is not None
-    return dep.model_copy(
-        update={
-            "prfaas": dep.prfaas.model_copy(update={"instances": dep.prfaas.instances * factor}),
-            "local": dep.local.model_copy(update={"instances": dep.local.instances * factor}),
-            "link": dep.link.model_copy(update={"bandwidth": dep.link.bandwidth * factor}),
-        }
-    )
+    at = "deployments.prfaas-pd"
+    scenario = Grid.of(
+        "paper",
+        fixed={
+            f"{at}.prfaas.instances": dep.prfaas.instances * factor,
+            f"{at}.local.instances": dep.local.instances * factor,
+            f"{at}.link.bandwidth": f"{dep.link.bandwidth * 8 * factor / 1e9:g}Gbps",
+        },
+    ).scenario_of()
+    return scenario.deployments["prfaas-pd"]
 
 
 def timed(repeat: int, fn: Any) -> tuple[float, StagePlan]:

@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed.experiment import Grid
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.runner import run_scenario
-from testbed.scenario.schema import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
@@ -37,19 +37,20 @@ POLICIES = ("prfaas", "prfaas-nocache")
 
 
 def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
-    base = load_scenario(ROOT / "scenarios" / "mooncake-trace.yaml")
-    wl = base.workload.model_copy(update={"trace": str(args.trace), "max_requests": args.requests})
-    scenario = base.model_copy(
-        update={
-            "workload": wl,
-            "scale": base.scale.model_copy(update={"time_scale": args.time_scale}),
-            "duration": 1e6,  # the request cap ends the replay; the window is set below
+    base = Grid.of(
+        ROOT / "scenarios" / "mooncake-trace.yaml",
+        fixed={
+            "workload.trace": str(args.trace),
+            "workload.max_requests": args.requests,
+            "scale.time_scale": args.time_scale,
             "checkers": [],
-        }
+        },
     )
-    probe = prepare_run(scenario, RunOptions(policy=policy, progress=False))
+    # the request cap ends the replay; the window is set from the last arrival
+    probe_scenario = base.with_fixed({"duration": "1000000s"}).scenario_of()
+    probe = prepare_run(probe_scenario, RunOptions(policy=policy, progress=False))
     window = math.floor(probe.requests[-1].arrival) + 1.0
-    scenario = scenario.model_copy(update={"duration": window})
+    scenario = base.with_fixed({"duration": f"{window:g}s"}).scenario_of()
     with tempfile.TemporaryDirectory() as tmp:
         opts = RunOptions(policy=policy, out_dir=Path(tmp), progress=False, drain_timeout_s=180)
         rp = prepare_run(scenario, opts)

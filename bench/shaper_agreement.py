@@ -61,12 +61,16 @@ def _scenarios(quick: bool) -> list[tuple[str, Scenario, str | None, float | Non
 def _one(
     scenario: Scenario, policy: str | None, duration: float | None, shaper: str, seed: int
 ) -> dict[str, Any]:
-    sc = scenario.model_copy(update={"seed": seed})
     with tempfile.TemporaryDirectory() as tmp:
         opts = RunOptions(
-            policy=policy, duration_s=duration, out_dir=Path(tmp), progress=False, shaper=shaper
+            policy=policy,
+            duration_s=duration,
+            out_dir=Path(tmp),
+            progress=False,
+            shaper=shaper,
+            seed=seed,
         )
-        rp = prepare_run(sc, opts)
+        rp = prepare_run(scenario, opts)
         result = asyncio.run(run_scenario(rp, opts))
     recs: list[RequestRecord] = result.records
     ttft = [r.ttft for r in recs if r.ttft is not None]

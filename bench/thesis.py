@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 from provenance import provenance  # bench/provenance.py: the script's directory is on sys.path
 
-from testbed.experiment import completion_rate, in_window, percentile, steady_window
+from testbed.experiment import Grid, completion_rate, in_window, percentile, steady_window
+from testbed.experiment.grid import Value
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.planner import plan_deployment, plan_inputs
 from testbed.scenario.hindsight import best_fixed
@@ -54,18 +55,28 @@ DENSE = "minimax-m2.5"
 
 
 def variant(
-    base: Scenario, deployment: str, *, duration: float, rate: float | None = None
+    deployment: str,
+    *,
+    duration: float,
+    rate: float | None = None,
+    gbps: float | None = None,
+    threshold: float | str | None = None,
 ) -> Scenario:
-    wl = base.workload
-    arrivals = wl.arrivals if rate is None else wl.arrivals.model_copy(update={"rate": rate})
-    return base.model_copy(
-        update={
-            "deployment": deployment,
-            "duration": duration,
-            "workload": wl.model_copy(update={"arrivals": arrivals}),
-            "checkers": [],
-        }
-    )
+    """thesis.yaml on `deployment` for `duration`, without checkers; `rate` replaces the
+    arrival rate, `gbps` the deployment's link bandwidth, `threshold` the policy's (written as
+    `--set` settings, validated as the file is)."""
+    values: dict[str, Value] = {
+        "deployment": deployment,
+        "duration": f"{duration:g}s",
+        "checkers": [],
+    }
+    if rate is not None:
+        values["workload.arrivals.rate"] = rate
+    if gbps is not None:
+        values[f"deployments.{deployment}.link.bandwidth"] = f"{gbps:g}Gbps"
+    if threshold is not None:
+        values["policy.threshold"] = threshold
+    return Grid.of(SCENARIO, fixed=values).scenario_of()
 
 
 def link_use(history: list[HistoryEvent], lo: float, hi: float) -> tuple[float, float]:
@@ -123,18 +134,6 @@ def viable_bandwidth(base: Scenario, deployment: str, rate: float, t: float | No
     return None
 
 
-def with_link_and_t(scenario: Scenario, gbps: float, threshold: float | str) -> Scenario:
-    """`scenario` with its deployment's link at `gbps` and the policy's threshold set."""
-    name = scenario.deployment
-    assert name is not None  # variant() always names the deployment
-    dep = scenario.deployments[name]
-    link = dep.link.model_copy(update={"bandwidth": gbps * 1e9 / 8})
-    deployments = dict(scenario.deployments)
-    deployments[name] = dep.model_copy(update={"link": link})
-    policy = scenario.policy.model_copy(update={"threshold": threshold})
-    return scenario.model_copy(update={"deployments": deployments, "policy": policy})
-
-
 def viable_bandwidth_sim(
     base: Scenario, duration: float, threshold: float | str, slo: float
 ) -> tuple[float | None, list[tuple[float, float | None]]]:
@@ -143,7 +142,7 @@ def viable_bandwidth_sim(
     PrfaaS-routed ones) within the SLO over the steady window; with each step's TTFT p90."""
     steps: list[tuple[float, float | None]] = []
     for gbps in range(100, 401, 10):
-        scenario = with_link_and_t(variant(base, DENSE, duration=duration), gbps, threshold)
+        scenario = variant(DENSE, duration=duration, gbps=gbps, threshold=threshold)
         r = measure(scenario, "prfaas-static", "sim")
         worst = max(r["ttft_p90"] or 0.0, r["prfaas_ttft_p90"] or 0.0)
         steps.append((float(gbps), worst))
@@ -274,7 +273,7 @@ def main() -> int:
     models = args.models.split(",") if args.models else list(base.deployments)
     for name in models:
         for policy in policies:
-            r = measure(variant(base, name, duration=args.duration), policy, args.substrate)
+            r = measure(variant(name, duration=args.duration), policy, args.substrate)
             rows.append((name, policy, r))
             line = (
                 f"| {name} | {policy} | {r['link_gbps']:.1f} | {r['link_use']:.0%} | "
@@ -316,7 +315,7 @@ def main() -> int:
     if not args.skip_saturation:
         dep = base.deployments[DENSE]
         planned = plan_deployment(DENSE, dep, inputs, threshold_tokens=PAPER_T).lambda_max_rps
-        sat = variant(base, DENSE, duration=args.duration, rate=1.2 * planned)
+        sat = variant(DENSE, duration=args.duration, rate=1.2 * planned)
         _, result = run(sat, "prfaas-static", args.substrate)
         measured = completion_rate(result.records, *steady_window(args.duration))
         table += [

@@ -228,6 +228,24 @@ def simulate_scenario(
     return rp, plan_summary(rp, out.records, out.history), out.records
 
 
+def saturation_cell(cell: Cell, duration_s: float) -> Cell:
+    """`cell` offered SATURATION_LOAD x the planner's lambda_max for at least SATURATION_MIN_S,
+    without faults or checkers: written as settings, validated like the file."""
+    extra = (
+        ("workload.arrivals.rate", "null"),
+        ("workload.arrivals.load", repr(SATURATION_LOAD)),
+        ("duration", f"{max(duration_s, SATURATION_MIN_S)!r}s"),
+        ("nemesis", "[]"),
+        ("checkers", "[]"),
+    )
+    return Cell(
+        cell.scenario_path,
+        (*cell.settings, *extra),
+        saturation=False,
+        max_requests=cell.max_requests,
+    )
+
+
 def run_cell(cell: Cell) -> dict[str, Any]:
     """Simulate one cell (and its saturation run); a row of the sweep's table."""
     scenario = cell_scenario(cell)
@@ -252,17 +270,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
         }
     )
     if cell.saturation:
-        arrivals = scenario.workload.arrivals.model_copy(
-            update={"rate": None, "load": SATURATION_LOAD}
-        )
-        sat = scenario.model_copy(
-            update={
-                "workload": scenario.workload.model_copy(update={"arrivals": arrivals}),
-                "duration": max(scenario.duration, SATURATION_MIN_S),
-                "nemesis": [],
-                "checkers": [],
-            }
-        )
+        sat = cell_scenario(saturation_cell(cell, scenario.duration))
         rp_sat, _, records = simulate_scenario(sat, cell.max_requests)
         rate = completion_rate(records, *steady_window(rp_sat.duration_s))
         gap = rate / plan.lambda_max_rps - 1 if plan.lambda_max_rps else None

@@ -8,7 +8,8 @@ Exempt, with the reason (docs/experiments.md lists them too):
   receiver_flood.py, transfer_throughput.py: live processes and sockets on this machine
   (minutes per figure, and their point is the wall clock);
 - link_accuracy.py, shaper_agreement.py: live, and the tc shaper needs root;
-- link_cpu.py: live emulator processes and sockets (its figure is their CPU);
+- link_cpu.py, transfer_cpu.py: live emulator or transfer processes and sockets (their figure
+  is its CPU);
 - router_faults.py: live, the external routers (vllm-router, SGLang's gateway) installed;
 - real_model_timing.py: torch (the `model` extra);
 - sim_vs_live.py: its live leg (the sim leg alone is what the other smoke tests run);
@@ -62,6 +63,7 @@ EXEMPT = {
     "scheduler.py": "live",
     "shaper_agreement.py": "live, tc needs root",
     "sim_vs_live.py": "live leg",
+    "transfer_cpu.py": "live transfer sockets",
     "transfer_throughput.py": "live",
 }
 
