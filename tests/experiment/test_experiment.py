@@ -98,3 +98,19 @@ def test_rows_are_typed_in_grid_order_and_the_same_for_any_jobs() -> None:
     assert [r.setting("seed") for r in one] == ["1", "2"]
     assert all(isinstance(r.value, float) and r.value > 0 for r in one)
     assert one == two
+
+
+def test_cases_bundle_settings_and_with_fixed_appends() -> None:
+    g = Grid.of(
+        "paper",
+        cases=[
+            {"deployment": "prfaas-pd", "policy.name": "prfaas-static"},
+            {"deployment": "naive", "policy.name": "naive"},
+        ],
+        seeds=[1, 2],
+    )
+    settings = g.settings()
+    assert [dict(s)["deployment"] for s in settings] == ["prfaas-pd"] * 2 + ["naive"] * 2
+    assert dict(settings[3])["policy.name"] == "naive"
+    later = g.with_fixed({"duration": "60s"}).with_fixed({"duration": "90s"})
+    assert later.scenario_of().duration == 90.0
