@@ -28,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from testbed.errors import UserError  # noqa: E402
 
@@ -40,6 +41,10 @@ IO_TIMEOUT = 0.5  # socket timeout so every thread notices the stop flag quickly
 
 
 # -- the emulator process and its API --------------------------------------------------------
+EMULATOR_PID: list[int] = []
+"""The running emulator's pid (section 5 reads its CPU time)."""
+
+
 @contextmanager
 def emulator() -> Iterator[str]:
     """Start `testbed link serve --port 0` and yield its API URL; always stop it."""
@@ -55,8 +60,10 @@ def emulator() -> Iterator[str]:
         m = re.search(r"(http://\S+)", line)
         if not m:
             raise RuntimeError(f"emulator did not start: {line!r}")
+        EMULATOR_PID[:] = [proc.pid]
         yield m.group(1)
     finally:
+        EMULATOR_PID.clear()
         proc.terminate()
         try:
             proc.wait(10)
@@ -326,6 +333,12 @@ def report_latency(direct: list[float], proxied: list[float], jittered: list[flo
     )
 
 
+def _commit() -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
@@ -333,6 +346,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     started = time.perf_counter()
+    load = os.getloadavg()
     print("Link emulator accuracy (bench/link_accuracy.py)")
     print(f"host: {os.cpu_count()} CPUs, python {sys.version.split()[0]}\n")
     with emulator() as url, echo_server() as echo:
@@ -363,6 +377,13 @@ def main() -> int:
             emu_runs.append(throughput(ls, tcp_connect(("127.0.0.1", port)), 1, 0.3, 2.0))
             api(url, "DELETE", "/proxies/raw")
             ls.close()
+        # The emulator's own CPU: µs per round trip and s per GB (bench/link_cpu.py's round).
+        cpu = None
+        if not args.latency_only:
+            from link_cpu import measure
+
+            opts = argparse.Namespace(rtts=2000, mib=512, shaped=0.0)
+            cpu = measure(url, EMULATOR_PID[0], echo, opts)
 
     tc_rows: dict[str, dict[tuple[int, int], float]] = {}
     tc_note = ""
@@ -408,6 +429,14 @@ def main() -> int:
     print("\n4. Unshaped throughput, 1 connection (best of 2 windows of 2 s)")
     print(f"   raw loopback TCP   {raw * 8 / 1e9:.2f} Gbit/s")
     print(f"   through emulator   {emu * 8 / 1e9:.2f} Gbit/s  ({emu / raw * 100:.0f}% of raw)")
+    if cpu is not None:
+        print("\n5. The emulator process's CPU (all threads; bench/link_cpu.py compares checkouts)")
+        print(f"   per round trip, no toxics   {cpu['rtt_us']:.1f} µs (2,000 64-byte round trips)")
+        print(f"   per GB unshaped, 1 conn     {cpu['s_per_gb']:.3f} s (512 MiB)")
+    print(
+        f"\nload average before {'/'.join(f'{x:.2f}' for x in load)}, after "
+        f"{'/'.join(f'{x:.2f}' for x in os.getloadavg())}; commit {_commit()}"
+    )
     print(f"\nbench time {time.perf_counter() - started:.0f} s")
     return 0
 

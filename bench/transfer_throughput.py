@@ -121,6 +121,7 @@ def main() -> None:
     parser.add_argument("--mib-per-run", type=int, default=768)
     parser.add_argument("--no-uvloop", action="store_true")
     args = parser.parse_args()
+    load = os.getloadavg()
     use_uvloop = not args.no_uvloop
     try:
         import uvloop  # noqa: F401
@@ -165,6 +166,11 @@ def main() -> None:
         print(f"  {algo.name:>7}: {cost:.3f} CPU s/GB ({1 / cost:.1f} GB/s)")
     if ChecksumAlgo.CRC32C not in algos:
         print("  CRC32C: unavailable (pip install crc32c)")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from provenance import provenance
+
+    print("\n" + provenance("bench/transfer_throughput.py", sys.argv[1:], load, "loopback"))
+    print("(bench/transfer_cpu.py compares two checkouts' CPU per GB, interleaved)")
 
 
 if __name__ == "__main__":

@@ -10,9 +10,14 @@ from typing import Protocol
 
 from testbed.link.pipeline.chunks import CLOSE, EOF, Chunk, Item
 from testbed.link.pipeline.sink import LinkStats, Sink, SinkClosed
+from testbed.link.pipeline.splice import SPLICE_MIN, Splicer, available
 from testbed.link.pipeline.stage import Stage, StageWrapper
 
-__all__ = ["ConnectionControl", "ToxicLink"]
+__all__ = ["SPLICE", "ConnectionControl", "ToxicLink"]
+
+SPLICE = available()
+"""Whether no-toxic directions hand bulk transfers to a Splicer (splice.py); tests turn it off
+to compare."""
 
 
 class ConnectionControl(Protocol):
@@ -30,6 +35,7 @@ class ToxicLink:
 
     __slots__ = (
         "_reading_paused",
+        "cancelled",
         "conn",
         "direction",
         "done",
@@ -37,6 +43,8 @@ class ToxicLink:
         "seed_base",
         "sink",
         "source",
+        "splice_ok",
+        "splicer",
         "stages",
         "stats",
     )
@@ -60,7 +68,10 @@ class ToxicLink:
         self.stats = stats
         self.stages: list[Stage] = []
         self.done = False
+        self.cancelled = False
         self._reading_paused = False
+        self.splice_ok = SPLICE
+        self.splicer: Splicer | None = None
 
     # -- chain changes -------------------------------------------------------------------
     def rng_for(self, toxic_name: str) -> random.Random:
@@ -70,6 +81,8 @@ class ToxicLink:
         return random.Random(f"{self.seed_base}/{self.direction}/{toxic_name}")
 
     def add_toxic(self, wrapper: StageWrapper) -> Stage:
+        if self.splicer is not None:  # the thread hands back before the stage reads a byte
+            self.splicer.stop()
         stage = Stage(self, wrapper, self.rng_for(wrapper.name))
         self.stages.append(stage)
         stage.start()
@@ -92,6 +105,9 @@ class ToxicLink:
         self.maybe_resume()
 
     def cancel(self) -> None:
+        self.cancelled = True
+        if self.splicer is not None:
+            self.splicer.stop(abort=True)
         for st in self.stages:
             if st.task is not None:
                 st.task.cancel()
@@ -105,6 +121,8 @@ class ToxicLink:
             sink.write(data)
             if sink.paused:
                 self._pause_reading()
+            elif len(data) >= SPLICE_MIN and self.splice_ok:
+                self._start_splice()
             return
         q = self.stages[0].queue
         q.put_nowait(Chunk(data, self.loop.time()))
@@ -132,7 +150,7 @@ class ToxicLink:
 
     def maybe_resume(self) -> None:
         """Resume reading when whatever the source feeds has room again."""
-        if not self._reading_paused:
+        if not self._reading_paused or self.splicer is not None or self.cancelled:
             return
         if self.stages:
             if self.stages[0].queue.full():
@@ -142,6 +160,36 @@ class ToxicLink:
         self._reading_paused = False
         with contextlib.suppress(RuntimeError, AttributeError):
             self.source.resume_reading()
+
+    # -- the kernel path (splice.py) ------------------------------------------------------
+    def _start_splice(self) -> None:
+        """Hand this direction's reads to a Splicer, if nothing is waiting in the sink."""
+        sink_t = self.sink.transport
+        if self.splicer is not None or self.cancelled or sink_t.get_write_buffer_size():
+            return
+        src = self.source.get_extra_info("socket")
+        dst = sink_t.get_extra_info("socket")
+        if src is None or dst is None:
+            self.splice_ok = False
+            return
+        self._pause_reading()
+        self.splicer = Splicer(self.loop, src, dst, self._spliced, self._splice_ended)
+        self.splicer.start()
+
+    def _spliced(self, received: int, sent: int) -> None:
+        self.stats.received += received
+        self.sink.stats.sent += sent
+
+    def _splice_ended(self, reason: str) -> None:
+        self.splicer = None
+        if self.cancelled:
+            return
+        if reason == "error":
+            self.conn.close()
+        elif reason == "eof":
+            self.feed_eof()
+        else:  # stopped for a toxic: its stage reads from the source from now on
+            self.maybe_resume()
 
     # -- writing side --------------------------------------------------------------------
     def sink_paused(self) -> None:

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 _MIN_FREE = 16 << 10  # never offer the kernel less than this much buffer space
 _INITIAL_BUFFER = 64 << 10  # a connection's buffer before any bytes arrived
 _STREAM_BUFFER = 1 << 20  # what a connection that keeps streaming grows to (fewer copies)
+_ACK_BATCH = 128  # ACK pieces (two a frame) written together at most (see _parse)
 
 
 class ConnectionOwner(Protocol):
@@ -237,6 +238,24 @@ class Connection(asyncio.BufferedProtocol):
     # parsing -------------------------------------------------------------------------------
 
     def _parse(self) -> None:
+        """Handle every whole frame in the buffer; their ACKs leave in one write at the end.
+
+        One write per read rather than one per frame: a socket write is the receiver's dearest
+        per-frame cost (a system call, and on loopback the peer's TCP receive work with it),
+        and the ACKs of one read are ready within the same callback, so none waits longer."""
+        acks: list[bytes | bytearray | memoryview] = []
+        try:
+            self._parse_into(acks)
+        finally:
+            self._write_acks(acks)
+
+    def _write_acks(self, acks: list[bytes | bytearray | memoryview]) -> None:
+        t = self.transport
+        if acks and t is not None and not t.is_closing():
+            t.writelines(acks)
+        acks.clear()
+
+    def _parse_into(self, acks: list[bytes | bytearray | memoryview]) -> None:
         rx = self._rx
         view = self._view
         while True:
@@ -263,8 +282,10 @@ class Connection(asyncio.BufferedProtocol):
             except ChecksumMismatch as exc:
                 ack = rx.reassembler.on_corrupt(exc)
             del rest
-            if ack is not None and self.transport is not None and not self.transport.is_closing():
-                self.transport.writelines(encode_frame(ack))
+            if ack is not None:
+                acks.extend(encode_frame(ack))
+                if len(acks) >= _ACK_BATCH:  # a flood of tiny frames holds no more than this
+                    self._write_acks(acks)
 
     def abort(self) -> None:
         """Drop the connection at once (RST): for broken or stalled peers."""

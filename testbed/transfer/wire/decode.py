@@ -37,6 +37,10 @@ from testbed.transfer.wire.frames import (
 __all__ = ["decode_body", "decode_frame", "decode_header", "read_frame"]
 
 _ACK_STATUSES: Final = frozenset(int(s) for s in AckStatus)
+# Plain dict lookups, not Enum(value) calls: a header is decoded per frame, and the Enum
+# constructor cost more than the rest of the header checks together.
+_FRAME_TYPES: Final = {int(t): t for t in FrameType}
+_ALGOS: Final = {int(a): a for a in ChecksumAlgo}
 
 
 def decode_header(
@@ -54,14 +58,12 @@ def decode_header(
         raise MalformedFrame(f"bad magic {magic!r} (expected {MAGIC!r}): not a KV stream")
     if version != VERSION:
         raise MalformedFrame(f"unsupported wire version {version} (this side speaks {VERSION})")
-    try:
-        frame_type = FrameType(ftype)
-    except ValueError:
-        raise MalformedFrame(f"unknown frame type {ftype}") from None
-    try:
-        checksum_algo = ChecksumAlgo(algo)
-    except ValueError:
-        raise MalformedFrame(f"unknown checksum algorithm {algo}") from None
+    frame_type = _FRAME_TYPES.get(ftype)
+    if frame_type is None:
+        raise MalformedFrame(f"unknown frame type {ftype}")
+    checksum_algo = _ALGOS.get(algo)
+    if checksum_algo is None:
+        raise MalformedFrame(f"unknown checksum algorithm {algo}")
     if not 1 <= id_len <= MAX_ID_BYTES:
         raise MalformedFrame(f"request id length {id_len} outside 1..{MAX_ID_BYTES}")
     if reserved != 0:

@@ -1,0 +1,253 @@
+"""What the link emulator costs in CPU: µs per round trip with no toxics, and s per GB unshaped.
+
+CPU, not wall: the machine is shared, and another job on a core stretches wall time far more than
+the emulator's own CPU. Each figure is the emulator process's CPU (all its threads, from
+/proc/PID/task/*/schedstat, in ns) over a fixed amount of work:
+
+- per round trip: 64-byte ping-pong through a proxy with no toxics to an echo server in its own
+  process, `--rtts` round trips;
+- per GB unshaped: `--mib` MiB pushed through a proxy with no toxics, one connection, by a
+  blocking sender thread to a blocking sink thread (256 KiB sends, 1 MiB receives); the wall
+  rate is printed beside raw loopback TCP measured the same way in the same round;
+- per GB shaped (`--shaped MBIT`): the same through a `link_bandwidth` toxic, so the toxic
+  path's cost is on record too.
+
+`--src DIR` (repeatable) also runs the emulator of another checkout (`testbed link serve` with
+PYTHONPATH=DIR), interleaved with this one round by round, so a before/after pair sees the same
+load; the median of `--repeat` rounds is printed per checkout.
+
+    python bench/link_cpu.py [--repeat 5] [--src /tmp/before] [--report bench/reports/link.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from link_accuracy import (  # noqa: E402
+    Pinger,
+    api,
+    echo_server,
+    local_listener,
+    make_proxy,
+)
+from provenance import provenance  # noqa: E402
+
+SEND = memoryview(b"\0" * (256 * 1024))
+SUMMARY_START = "<!-- link_cpu:start -->"
+SUMMARY_END = "<!-- link_cpu:end -->"
+
+
+@contextmanager
+def emulator(src: Path) -> Iterator[tuple[str, int]]:
+    """`testbed link serve --port 0` from checkout `src`; yields (API URL, pid)."""
+    env = dict(os.environ, PYTHONPATH=str(src))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "testbed.cli", "link", "serve", "--port", "0", "--seed", "1"],
+        cwd=src,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        m = re.search(r"(http://\S+)", line)
+        if not m:
+            raise RuntimeError(f"emulator from {src} did not start: {line!r}")
+        yield m.group(1), proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def cpu_ns(pid: int) -> int:
+    """CPU time of every thread of `pid` so far, in ns (schedstat's first field)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile
+    return total
+
+
+def push(addr: tuple[str, int], listener: socket.socket, nbytes: int) -> float:
+    """Send `nbytes` to `addr` and receive them on `listener`; the wall seconds it took."""
+    got = [0]
+
+    def sink() -> None:
+        listener.settimeout(10)
+        c, _ = listener.accept()
+        c.settimeout(30)
+        buf = memoryview(bytearray(1 << 20))
+        with c:
+            while got[0] < nbytes:
+                k = c.recv_into(buf)
+                if not k:
+                    break
+                got[0] += k
+
+    t = threading.Thread(target=sink)
+    t.start()
+    t0 = time.perf_counter()
+    with socket.create_connection(addr, timeout=30) as s:
+        sent = 0
+        while sent < nbytes:
+            s.sendall(SEND)
+            sent += len(SEND)
+        t.join(60)
+    wall = time.perf_counter() - t0
+    if got[0] < nbytes:
+        raise RuntimeError(f"sink got {got[0]} of {nbytes} bytes")
+    return wall
+
+
+def measure(
+    url: str, pid: int, echo: tuple[str, int], args: argparse.Namespace
+) -> dict[str, float]:
+    """One round of every figure against one emulator."""
+    out: dict[str, float] = {}
+    port = make_proxy(url, "cpu-rtt", echo)
+    p = Pinger(("127.0.0.1", port))
+    c0 = cpu_ns(pid)
+    for _ in range(args.rtts):
+        p.rtt()
+    out["rtt_us"] = (cpu_ns(pid) - c0) / 1e3 / args.rtts
+    p.close()
+    api(url, "DELETE", "/proxies/cpu-rtt")
+
+    nbytes = args.mib << 20
+    ls = local_listener()
+    port = make_proxy(url, "cpu-bulk", ls.getsockname())
+    c0 = cpu_ns(pid)
+    wall = push(("127.0.0.1", port), ls, nbytes)
+    out["s_per_gb"] = (cpu_ns(pid) - c0) / 1e9 / (nbytes / 1e9)
+    out["mb_s"] = nbytes / wall / 1e6
+    api(url, "DELETE", "/proxies/cpu-bulk")
+    ls.close()
+    ls = local_listener()
+    out["raw_mb_s"] = nbytes / push(ls.getsockname(), ls, nbytes) / 1e6
+    ls.close()
+
+    if args.shaped:
+        ls = local_listener()
+        port = make_proxy(url, "cpu-shaped", ls.getsockname())
+        api(url, "POST", "/proxies/cpu-shaped/toxics", {
+            "type": "link_bandwidth", "stream": "upstream",
+            "attributes": {"rate": args.shaped * 1e6 / 8 / 1000},
+        })  # fmt: skip
+        shaped = min(nbytes, int(args.shaped * 1e6 / 8 * 2))  # about 2 s of link time
+        c0 = cpu_ns(pid)
+        push(("127.0.0.1", port), ls, shaped)
+        out["shaped_s_per_gb"] = (cpu_ns(pid) - c0) / 1e9 / (shaped / 1e9)
+        api(url, "DELETE", "/proxies/cpu-shaped")
+        ls.close()
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
+    """`--repeat` rounds, each measuring every checkout in turn (interleaved)."""
+    srcs = [ROOT, *(Path(s).resolve() for s in args.src)]
+    results: dict[str, list[dict[str, float]]] = {str(s): [] for s in srcs}
+    with echo_server() as echo:
+        for r in range(args.repeat):
+            order = srcs if r % 2 == 0 else srcs[::-1]  # alternate who goes first
+            for src in order:
+                with emulator(src) as (url, pid):
+                    results[str(src)].append(measure(url, pid, echo, args))
+                print(f"round {r + 1} {src}: {results[str(src)][-1]}", file=sys.stderr)
+    return results
+
+
+FIGURES = (
+    ("rtt_us", "CPU µs per round trip, no toxics", "{:.1f}"),
+    ("s_per_gb", "CPU s per GB unshaped (1 conn)", "{:.3f}"),
+    ("mb_s", "unshaped wall MB/s", "{:.0f}"),
+    ("raw_mb_s", "raw loopback wall MB/s, same round", "{:.0f}"),
+    ("of_raw", "unshaped / raw loopback (median of per-round ratios)", "{:.0%}"),
+    ("shaped_s_per_gb", "CPU s per GB through link_bandwidth", "{:.3f}"),
+)
+
+
+def table(results: dict[str, list[dict[str, float]]]) -> str:
+    names = list(results)
+    for runs in results.values():
+        for r in runs:
+            r["of_raw"] = r["mb_s"] / r["raw_mb_s"]
+    head = "| figure (median) | " + " | ".join(_label(n) for n in names) + " |"
+    lines = [head, "|---|" + "---|" * len(names)]
+    for key, label, fmt in FIGURES:
+        if key not in results[names[0]][0]:
+            continue
+        cells = [fmt.format(statistics.median(r[key] for r in results[n])) for n in names]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if len(names) == 2:
+        for key, label, _ in FIGURES[:2]:
+            a = statistics.median(r[key] for r in results[names[0]])
+            b = statistics.median(r[key] for r in results[names[1]])
+            lines.append(f"\n{label}: this checkout {(a - b) / b:+.0%} against {_label(names[1])}")
+    return "\n".join(lines)
+
+
+def _label(src: str) -> str:
+    if Path(src) == ROOT:
+        return "this checkout"
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=src
+    ).stdout.strip()
+    return f"{src} ({commit})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--rtts", type=int, default=5000)
+    parser.add_argument("--mib", type=int, default=1024)
+    parser.add_argument("--shaped", type=float, default=0.0, help="also a shaped run (Mbit/s)")
+    parser.add_argument("--src", action="append", default=[], help="another checkout to run")
+    parser.add_argument("--report", type=Path, help="replace this file's link_cpu section")
+    args = parser.parse_args()
+    load = os.getloadavg()
+    results = run(args)
+    body = table(results)
+    head = provenance(
+        "bench/link_cpu.py",
+        sys.argv[1:],
+        load,
+        "the link emulator as its own process (`testbed link serve`, uvloop), no toxics, "
+        f"loopback; median of {args.repeat} interleaved rounds",
+    )
+    text = f"{head}\n{body}\n"
+    print(text)
+    if args.report is not None:
+        old = args.report.read_text() if args.report.exists() else ""
+        section = f"{SUMMARY_START}\n{text}{SUMMARY_END}"
+        if SUMMARY_START in old and SUMMARY_END in old:
+            pre, rest = old.split(SUMMARY_START, 1)
+            new = pre + section + rest.split(SUMMARY_END, 1)[1]
+        else:
+            new = old.rstrip("\n") + "\n\n## CPU per round trip and per GB\n\n" + section + "\n"
+        args.report.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

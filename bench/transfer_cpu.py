@@ -1,0 +1,157 @@
+"""What KV transfer costs in CPU on each side: seconds per GB for the sender and the receiver,
+checksums on (CRC32C), over loopback, and the MB/s it reached.
+
+CPU, not wall: the machine is shared, so wall throughput follows the other jobs more than the
+code. Each round runs one child per checkout (this file's `--child` mode, with PYTHONPATH set to
+the checkout): a receiver process (spawned, as decode instances are their own processes) and a
+sender in the child, `--mib` MiB of 32 MiB requests of 61 layers, 4 in flight, over
+`--connections` connections, 256 KiB frames; each side reads its own process CPU
+(time.process_time) over the transfer.
+
+`--src DIR` (repeatable) also runs another checkout, interleaved with this one round by round so
+a before/after pair sees the same load; the median of `--repeat` rounds is printed per checkout.
+
+    python bench/transfer_cpu.py [--repeat 5] [--src /tmp/before] \\
+        [--report bench/reports/transfer.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+SECTION_START = "<!-- transfer_cpu:start -->"
+SECTION_END = "<!-- transfer_cpu:end -->"
+
+
+def child(mib: int, connections: int) -> None:
+    """One measurement with whatever `testbed` is first on the path; prints one JSON line."""
+    import multiprocessing as mp
+
+    sys.path.insert(0, str(BENCH))
+    import transfer_throughput as tt
+
+    from testbed.transfer import ChecksumAlgo, PayloadSource
+
+    ctx = mp.get_context("spawn")
+    parent, end = ctx.Pipe()
+    proc = ctx.Process(target=tt._receiver_main, args=(end, True), daemon=True)
+    proc.start()
+    try:
+        port = parent.recv()
+        n = max(1, (mib << 20) // tt.REQUEST_BYTES)
+        ids = [f"cpu-{i}" for i in range(n)]
+        parent.send(ids)
+        assert parent.recv() == "ready"
+        source = PayloadSource(64 << 20, seed=0)
+        wall, sender_cpu = tt._run(
+            tt._send_batch(port, connections, ChecksumAlgo.CRC32C, ids, source), True
+        )
+        received, receiver_cpu = parent.recv()
+        assert received == n * tt.REQUEST_BYTES, received
+    finally:
+        parent.send(None)
+        proc.join(10)
+    gb = received / 1e9
+    print(
+        json.dumps(
+            {
+                "sender_s_per_gb": sender_cpu / gb,
+                "receiver_s_per_gb": receiver_cpu / gb,
+                "mb_s": received / wall / 1e6,
+            }
+        )
+    )
+
+
+def one(src: Path, args: argparse.Namespace) -> dict[str, float]:
+    env = dict(os.environ, PYTHONPATH=str(src))
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", "--mib", str(args.mib),
+         "--connections", str(args.connections)],
+        cwd=src, env=env, capture_output=True, text=True, timeout=600, check=True,
+    ).stdout  # fmt: skip
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+FIGURES = (
+    ("sender_s_per_gb", "sender CPU s per GB", "{:.3f}"),
+    ("receiver_s_per_gb", "receiver CPU s per GB", "{:.3f}"),
+    ("mb_s", "wall MB/s", "{:.0f}"),
+)
+
+
+def _label(src: str) -> str:
+    if Path(src) == ROOT:
+        return "this checkout"
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=src
+    ).stdout.strip()
+    return f"{src} ({commit})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--mib", type=int, default=768)
+    parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument("--src", action="append", default=[], help="another checkout to run")
+    parser.add_argument("--report", type=Path, help="replace this file's transfer_cpu section")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.mib, args.connections)
+        return 0
+    sys.path.insert(0, str(BENCH))
+    from provenance import provenance
+
+    load = os.getloadavg()
+    srcs = [ROOT, *(Path(s).resolve() for s in args.src)]
+    results: dict[str, list[dict[str, float]]] = {str(s): [] for s in srcs}
+    for r in range(args.repeat):
+        for src in srcs if r % 2 == 0 else srcs[::-1]:
+            results[str(src)].append(one(src, args))
+            print(f"round {r + 1} {src}: {results[str(src)][-1]}", file=sys.stderr)
+    names = list(results)
+    lines = [
+        "| figure (median) | " + " | ".join(_label(n) for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for key, label, fmt in FIGURES:
+        cells = [fmt.format(statistics.median(x[key] for x in results[n])) for n in names]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if len(names) == 2:
+        for key, label, _ in FIGURES[:2]:
+            a = statistics.median(x[key] for x in results[names[0]])
+            b = statistics.median(x[key] for x in results[names[1]])
+            lines.append(f"\n{label}: this checkout {(a - b) / b:+.0%} against {_label(names[1])}")
+    head = provenance(
+        "bench/transfer_cpu.py",
+        sys.argv[1:],
+        load,
+        f"KV sender -> receiver (own process) over 127.0.0.1, CRC32C, {args.connections} "
+        f"connections, {args.mib} MiB a round; median of {args.repeat} interleaved rounds",
+    )
+    text = head + "\n" + "\n".join(lines) + "\n"
+    print(text)
+    if args.report is not None:
+        old = args.report.read_text() if args.report.exists() else ""
+        section = f"{SECTION_START}\n{text}{SECTION_END}"
+        if SECTION_START in old and SECTION_END in old:
+            pre, rest = old.split(SECTION_START, 1)
+            new = pre + section + rest.split(SECTION_END, 1)[1]
+        else:
+            new = old.rstrip("\n") + "\n\n## CPU per GB on each side\n\n" + section + "\n"
+        args.report.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
