@@ -44,6 +44,7 @@ from testbed.config import LinkConfig, ScaleConfig
 from testbed.link.client import LinkClient
 from testbed.link.tc import WIRE_PER_PAYLOAD
 from testbed.metrics.records import HistoryEvent
+from testbed.metrics.samples import LinkRate
 from testbed.nemesis.verbs import LINK_VERBS, LinkVerbs
 
 __all__ = [
@@ -137,7 +138,7 @@ class LinkSetup:
     """The kernel shaper when `link.shaper` is tc; None: the emulator shapes."""
     sender_netns: str | None = None
     """The network namespace PrfaaS KV senders open their connections in (local tc)."""
-    _last: tuple[float, float] | None = None
+    _rate: LinkRate = field(default_factory=LinkRate)
     _added: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     """By verb key: (proxy, toxic name) of every toxic its verbs added, in order."""
     _dropping: set[str] = field(default_factory=set)
@@ -316,11 +317,7 @@ class LinkSetup:
     def _sample_emulator(self, text: str) -> dict[str, Any]:
         total, cap = scrape_link(text, self.kv_proxies)
         now = asyncio.get_running_loop().time()
-        gbps = 0.0
-        if self._last is not None and now > self._last[0]:
-            wire_rate = (total - self._last[1]) / (now - self._last[0])
-            gbps = self.to_real(wire_rate) * 8 / 1e9
-        self._last = (now, total)
+        gbps = self.to_real(self._rate(now, total)) * 8 / 1e9
         configured = self.to_real(cap) if cap else self.configured_bytes_per_s
         return {"wire_bytes": total, "gbps": gbps, "configured_gbps": configured * 8 / 1e9}
 
@@ -333,10 +330,7 @@ class LinkSetup:
             return None
         now = float(c["at"])  # the read's own time: the sample's `t` may lag it (docker exec)
         total = float(c["bytes"]) / WIRE_PER_PAYLOAD
-        gbps = 0.0
-        if self._last is not None and now > self._last[0]:
-            gbps = self.to_real((total - self._last[1]) / (now - self._last[0])) * 8 / 1e9
-        self._last = (now, total)
+        gbps = self.to_real(self._rate(now, total)) * 8 / 1e9
         return {
             "wire_bytes": total,
             "gbps": gbps,

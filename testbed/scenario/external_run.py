@@ -34,11 +34,12 @@ from testbed.config.router import ExternalRouterConfig
 from testbed.errors import UserError
 from testbed.link.deployment import add_control_proxies
 from testbed.metrics.records import HistoryEvent, RequestRecord
+from testbed.metrics.samples import SAMPLE_INTERVAL_S
 from testbed.policy import get_policy
 from testbed.scenario.external_router import PRESETS, RouterProcess, start_router
 from testbed.scenario.openai_load import ClientView, PromptText, request_body, submit
 from testbed.scenario.plan import Progress, RunOptions, RunPlan, RunResult
-from testbed.scenario.runner import SAMPLE_INTERVAL_S, _Run, run_scenario
+from testbed.scenario.runner import _Run, run_scenario
 from testbed.scenario.schema import Scenario
 from testbed.services.facade.journal import VERIFIED
 from testbed.services.spec import InstanceInfo, ServiceSpec

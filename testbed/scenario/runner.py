@@ -29,6 +29,7 @@ from testbed.kvcache.manager import cluster_capacities
 from testbed.link.deployment import LinkSetup
 from testbed.metrics.files import Journal, write_jsonl_atomic
 from testbed.metrics.records import HistoryEvent, JournaledHistory, RequestRecord
+from testbed.metrics.samples import SAMPLE_INTERVAL_S, engine_event, queue_event
 from testbed.nemesis import NemesisPlayer, stop_player
 from testbed.scenario.outside import OwnedScheduler, start_owned_scheduler
 from testbed.scenario.plan import Progress, RunOptions, RunPlan, RunResult
@@ -42,8 +43,6 @@ from testbed.workload.generate import RequestSpec
 __all__ = ["run_scenario"]
 ProgressSink = Callable[[Progress], None] | None  # run_class: scenario.external_run
 
-SAMPLE_INTERVAL_S = 0.25
-"""Wall seconds between samples of queues and link throughput."""
 EVENTS_GRACE_S = 5.0
 """Wall seconds the runner waits, at the end, for the router's last events to reach it."""
 
@@ -295,15 +294,8 @@ class _Run:
                         stats = await resp.json()
                 for inst in stats["instances"]:
                     self.history.append(
-                        HistoryEvent(
-                            t,
-                            "queue",
-                            {
-                                "instance": inst["id"],
-                                "cluster": inst["cluster"],
-                                "role": inst["role"],
-                                "depth": inst["outstanding"],
-                            },
+                        queue_event(
+                            t, inst["id"], inst["cluster"], inst["role"], inst["outstanding"]
                         )
                     )
             if self.link is not None and (link := await self.link.sample_event(t)) is not None:
@@ -407,9 +399,7 @@ class _Run:
                 async with asyncio.timeout(5):
                     async with session.get(f"{svc.url}/stats") as resp:
                         stats = await resp.json()
-                self.history.append(
-                    HistoryEvent(t, "engine", {"instance": svc.spec.id, **stats["engine"]})
-                )
+                self.history.append(engine_event(t, svc.spec.id, stats["engine"]))
 
 
 async def run_scenario(rp: RunPlan, opts: RunOptions, on_progress: ProgressSink = None,

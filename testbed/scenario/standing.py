@@ -43,10 +43,11 @@ import aiohttp
 from testbed.errors import UserError
 from testbed.metrics.files import write_jsonl_atomic
 from testbed.metrics.records import RequestRecord
+from testbed.metrics.samples import SAMPLE_INTERVAL_S
 from testbed.nemesis import NemesisPlayer, stop_player
 from testbed.scenario.plan import RunOptions, RunPlan, RunResult
 from testbed.scenario.results import write_results
-from testbed.scenario.runner import SAMPLE_INTERVAL_S, _Run, _shift
+from testbed.scenario.runner import _Run, _shift
 from testbed.scenario.signals import stop_signals
 from testbed.services.pd import DECODE_PREFIX, PREFILL_PREFIX
 from testbed.services.router.recorded import HISTORY_PAGE, KEEPER_HEADER

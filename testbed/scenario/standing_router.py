@@ -31,9 +31,9 @@ from typing import Any
 import aiohttp
 
 from testbed.errors import UserError
+from testbed.metrics.samples import SAMPLE_INTERVAL_S
 from testbed.scenario.external_run import ExternalRun, join_attempts
 from testbed.scenario.plan import RunOptions, RunPlan, RunResult
-from testbed.scenario.runner import SAMPLE_INTERVAL_S
 from testbed.scenario.standing import Endpoints, _Standing, stand_up
 
 __all__ = ["StandingRouter", "stand_up_router"]

@@ -20,8 +20,16 @@ from testbed.config import (
     PolicyConfig,
 )
 from testbed.dispatch.rules import HEALTH_INTERVAL_S
+from testbed.engine.timing import exact_timing
 from testbed.kvcache.manager import KVCacheManager, cluster_capacities
 from testbed.metrics.records import HistoryEvent, RequestRecord
+from testbed.metrics.samples import (
+    SAMPLE_INTERVAL_S,
+    LinkRate,
+    engine_event,
+    link_event,
+    queue_event,
+)
 from testbed.nemesis import NemesisPlayer, PlannedFault, stop_player
 from testbed.policy.decider import Decider, wall_percentiles_ms
 from testbed.profiles import MODELS
@@ -38,10 +46,6 @@ from testbed.substrate.layout import Layout
 from testbed.workload.generate import RequestSpec
 
 __all__ = ["SimInputs", "SimOutput", "refuse_unmodelled", "simulate"]
-
-SAMPLE_INTERVAL_S = 0.25
-"""Wall seconds between the live runner's queue and link samples; the sim samples as often in
-real-world time (x the scenario's time_scale), so both histories have the same density."""
 
 
 @dataclass
@@ -225,40 +229,17 @@ async def _sample(cluster: SimCluster, history: list[HistoryEvent], every: float
     """Queue depths (the router's outstanding counts) and the link's bytes, as live."""
     loop = cluster.loop
     link = cluster.link
-    last: tuple[float, float] | None = None
-    scale = cluster.scale
+    rate = LinkRate()
+    wire = cluster.scale.wire_bytes
     while True:
         t = loop.time()
         for inst in cluster.instances.values():
-            history.append(
-                HistoryEvent(
-                    t,
-                    "queue",
-                    {
-                        "instance": inst.id,
-                        "cluster": inst.cluster,
-                        "role": inst.role,
-                        "depth": cluster.outstanding[inst.id],
-                    },
-                )
-            )
+            depth = cluster.outstanding[inst.id]
+            history.append(queue_event(t, inst.id, inst.cluster, inst.role, depth))
         if link is not None:
             total = link.carried()
-            gbps = 0.0
-            if last is not None and t > last[0]:
-                gbps = (total - last[1]) / (t - last[0]) * 8 / 1e9
-            last = (t, total)
-            history.append(
-                HistoryEvent(
-                    t,
-                    "link",
-                    {
-                        "wire_bytes": scale.wire_bytes(total),
-                        "gbps": gbps,
-                        "configured_gbps": link.capacity * 8 / 1e9,
-                    },
-                )
-            )
+            gbps = rate(t, total) * 8 / 1e9
+            history.append(link_event(t, wire(total), gbps, link.capacity * 8 / 1e9))
         await asyncio.sleep(every)
 
 
@@ -267,20 +248,7 @@ def _engine_events(instances: list[SimInstance], history: list[HistoryEvent], t:
     for inst in instances:
         steps = sum(e.steps for e in inst.engines() if isinstance(e, SimDecode))
         ops = sum(e.operations for e in inst.engines())
-        history.append(
-            HistoryEvent(
-                t,
-                "engine",
-                {
-                    "instance": inst.id,
-                    "steps": steps,
-                    "operations": ops,
-                    "lateness_mean_s": 0.0,
-                    "lateness_p99_s": 0.0,
-                    "timing_error": 0.0,
-                },
-            )
-        )
+        history.append(engine_event(t, inst.id, exact_timing(steps, ops)))
 
 
 def simulate(inp: SimInputs) -> SimOutput:
