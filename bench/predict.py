@@ -31,22 +31,29 @@ import json
 import os
 import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from provenance import provenance  # bench/provenance.py: the script's directory is on sys.path
 
-from testbed.experiment import Grid, Setting, completion_rate, settings_of, steady_window, ttft_p90
+from testbed.experiment import (
+    Grid,
+    Run,
+    Setting,
+    completion_rate,
+    run_experiment,
+    settings_of,
+    steady_window,
+    ttft_p90,
+)
 from testbed.experiment.grid import Value
 from testbed.scenario.hindsight import default_thresholds
 from testbed.scenario.library import LIBRARY_DIR
 from testbed.scenario.plan import prepare_run
 from testbed.scenario.schema import Scenario, load_scenario
-from testbed.scenario.sim_run import sim_inputs
-from testbed.scenario.sweep import sim_options, simulate_scenario
-from testbed.sim.run import simulate
+from testbed.scenario.sweep import sim_options
 
 POLICIES: dict[str, tuple[str, dict[str, Any]]] = {
     "prfaas-predict": ("prfaas-predict", {}),
@@ -65,8 +72,6 @@ DYNAMIC = (
     "cache-skew",
     "mooncake-trace",
 )
-DropJob = tuple[str, int, float | None, float, int | None]
-"""(policy, seed offset, fixed threshold or None, offered rate, pinned PD-P count or None)."""
 SPLITS = (3, 4, 5)
 """PD-P counts (of the 8 local instances) the drop is run on by split: 3 is the planner's."""
 
@@ -75,12 +80,15 @@ def _settings(
     name: str, *, policy: str, seed_offset: int, load: float | None = None,
     threshold: float | None = None, duration: float | None = None,
     arrivals: dict[str, Any] | None = None, prefill: int | None = None,
+    knobs: dict[str, Any] | None = None, checkers: bool = False,
 ) -> tuple[Setting, ...]:  # fmt: skip
     """The `--set` settings of library scenario `name` with `policy` (a row label of POLICIES,
-    or a policy name); `prefill` pins the PD-P count of its deployments (None: the planner's
-    split). The checkers are dropped: these runs are measured, not judged."""
+    or a policy name with `knobs`, its `policy.predict` settings); `prefill` pins the PD-P
+    count of its deployments (None: the planner's split). The checkers are dropped unless
+    `checkers`: these runs are measured, not judged."""
     base = load_scenario(LIBRARY_DIR / f"{name}.yaml")
-    policy, knobs = POLICIES.get(policy, (policy, {}))
+    if knobs is None:
+        policy, knobs = POLICIES.get(policy, (policy, {}))
     values: dict[str, Value] = {"seed": base.seed + seed_offset, "policy.name": policy}
     values.update({f"policy.predict.{k}": v for k, v in knobs.items()})
     if threshold is not None:
@@ -92,7 +100,8 @@ def _settings(
         values["duration"] = f"{duration:g}s"
     if prefill is not None:
         values.update({f"deployments.{d}.local.prefill": prefill for d in base.deployments})
-    values["checkers"] = []
+    if not checkers:
+        values["checkers"] = []
     return settings_of(values)
 
 
@@ -115,52 +124,88 @@ def _rate(name: str, load: float) -> float:
     return _planned(name, load)[0]
 
 
-def drop_run(job: DropJob) -> dict[str, Any]:
-    policy, seed, threshold, rate, prefill = job
-    sc = _scenario(
-        "bandwidth-drop", policy=policy, seed_offset=seed, threshold=threshold,
-        arrivals={"load": None, "rate": rate}, prefill=prefill,
+Job = tuple[dict[str, Any], tuple[Setting, ...]]
+Measure = Callable[[Run], dict[str, Any]]
+"""What a row says about its run (policy label, seed, ...) and the run's `--set` settings."""
+
+
+def _run(name: str, jobs: Sequence[Job], measure: Measure, n_jobs: int) -> list[dict[str, Any]]:
+    """Every job on library scenario `name`, on the sim (testbed.experiment, `n_jobs`
+    processes): each row the job's labels and the measure's figures, in job order."""
+    if not jobs:
+        return []
+    grid = Grid(name, cases=tuple(settings for _, settings in jobs))
+    rows = run_experiment(grid, measure, jobs=n_jobs, checkers=False)
+    return [{**labels, **row.value} for (labels, _), row in zip(jobs, rows, strict=True)]
+
+
+def drop_job(
+    policy: str, seed: int, threshold: float | None, rate: float, prefill: int | None = None,
+    knobs: dict[str, Any] | None = None,
+) -> Job:  # fmt: skip
+    """The drop at the offered `rate` under `policy` (a fixed `threshold`, a pinned split)."""
+    labels = {"policy": policy, "seed": seed, "threshold": threshold, "prefill": prefill}
+    return labels, _settings(
+        "bandwidth-drop", policy="prfaas-predict" if knobs is not None else policy,
+        seed_offset=seed, threshold=threshold, arrivals={"load": None, "rate": rate},
+        prefill=prefill, knobs=knobs,
     )  # fmt: skip
-    fault = next(e for e in sc.nemesis if e.action == "bandwidth")
+
+
+def drop_measure(run: Run) -> dict[str, Any]:
+    """P90 TTFT of the requests arriving during the bandwidth fault and as long before it."""
+    fault = next(e for e in run.scenario.nemesis if e.action == "bandwidth")
     assert fault.for_ is not None
-    _, summary, recs = simulate_scenario(sc)
     return {
-        "policy": policy,
-        "seed": seed,
-        "threshold": threshold,
-        "prefill": prefill,
-        "p90_during_s": ttft_p90(recs, fault.at, fault.at + fault.for_),
-        "p90_before_s": ttft_p90(recs, fault.at - fault.for_, fault.at),
-        "failed": summary["requests"]["failed"],
-        "requests": len(recs),
+        "p90_during_s": ttft_p90(run.records, fault.at, fault.at + fault.for_),
+        "p90_before_s": ttft_p90(run.records, fault.at - fault.for_, fault.at),
+        "failed": run.summary["requests"]["failed"],
+        "requests": len(run.records),
     }
 
 
-def dynamic_run(job: tuple[str, str, int]) -> dict[str, Any]:
-    name, policy, seed = job
-    _, s, recs = simulate_scenario(_scenario(name, policy=policy, seed_offset=seed, load=1.0))
+def dynamic_job(name: str, policy: str, seed: int, knobs: dict[str, Any] | None = None) -> Job:
+    labels = {"scenario": name, "policy": policy, "seed": seed}
+    pol = "prfaas-predict" if knobs is not None else policy
+    return labels, _settings(name, policy=pol, seed_offset=seed, load=1.0, knobs=knobs)
+
+
+def dynamic_measure(run: Run) -> dict[str, Any]:
+    s = run.summary
     return {
-        "scenario": name,
-        "policy": policy,
-        "seed": seed,
         "slo_attainment": s["slo_attainment"],
         "p90_ttft_s": s["ttft_s"]["p90"],
         "failed": s["requests"]["failed"],
-        "requests": len(recs),
+        "requests": len(run.records),
     }
 
 
-def saturation_run(job: tuple[str, int, float]) -> dict[str, Any]:
-    policy, seed, duration = job
-    sc = _scenario("paper", policy=policy, seed_offset=seed, load=1.2, duration=duration,
-                   arrivals={"process": "uniform"})  # fmt: skip
-    rp, summary, recs = simulate_scenario(sc)
+def _dynamic(jobs: Sequence[Job], n_jobs: int) -> list[dict[str, Any]]:
+    """`jobs` over the dynamic scenarios, one experiment per scenario, rows in job order."""
+    rows: dict[int, dict[str, Any]] = {}
+    for name in DYNAMIC:
+        idx = [i for i, (labels, _) in enumerate(jobs) if labels["scenario"] == name]
+        done = _run(name, [jobs[i] for i in idx], dynamic_measure, n_jobs)
+        rows.update(zip(idx, done, strict=True))
+    return [rows[i] for i in range(len(jobs))]
+
+
+def saturation_job(
+    policy: str, seed: int, duration: float, knobs: dict[str, Any] | None = None
+) -> Job:
+    """The steady paper workload, uniform arrivals at 120% of lambda_max, for `duration`."""
+    pol = "prfaas-predict" if knobs is not None else policy
+    return {"policy": policy, "seed": seed}, _settings(
+        "paper", policy=pol, seed_offset=seed, load=1.2, duration=duration,
+        arrivals={"process": "uniform"}, knobs=knobs,
+    )  # fmt: skip
+
+
+def saturation_measure(run: Run) -> dict[str, Any]:
     return {
-        "policy": policy,
-        "seed": seed,
-        "rate_rps": completion_rate(recs, *steady_window(rp.duration_s)),
-        "p90_ttft_s": summary["ttft_s"]["p90"],
-        "planner_rps": rp.plan.lambda_max_rps,
+        "rate_rps": completion_rate(run.records, *steady_window(run.duration_s)),
+        "p90_ttft_s": run.summary["ttft_s"]["p90"],
+        "planner_rps": run.plan.plan.lambda_max_rps,
     }
 
 
@@ -176,49 +221,42 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 """`policy.predict` variants the ablation table compares with the defaults."""
 
 
-def ablation_run(job: tuple[str, str, int, float]) -> dict[str, Any]:
-    """One variant on the 50%-load drop (P90 during) or link-flap at 100% (SLO attainment)."""
-    label, case, seed, rate = job
-    knobs = ABLATIONS[label]
-    POLICIES[label] = ("prfaas-predict", knobs)
-    if case == "drop":
-        row = drop_run((label, seed, None, rate, None))
-        return {"label": label, "case": case, "seed": seed, "value": row["p90_during_s"]}
-    row = dynamic_run(("link-flap", label, seed))
-    return {"label": label, "case": case, "seed": seed, "value": row["slo_attainment"]}
-
-
-def shift_run(job: tuple[int, int]) -> dict[str, Any]:
-    """traffic-shift with prfaas-predict, draining ahead (predrain) or not: when the new split
-    is in force and the completion rate over the scenario's throughput window."""
-    predrain, seed = job
-    # its throughput checker kept (the window): not _settings, which drops the checkers
-    settings = _settings("traffic-shift", policy="prfaas-predict", seed_offset=seed)[:-1]
-    sc = Grid("traffic-shift").scenario_of(
-        (*settings, ("policy.long_term.predrain", str(predrain)))
-    )
-    check = next(c for c in sc.checkers if c.check == "throughput")
+def shift_measure(run: Run) -> dict[str, Any]:
+    """traffic-shift: when the new split is in force, the longest drain, and the completion
+    rate over its throughput checker's window."""
+    check = next(c for c in run.scenario.checkers if c.check == "throughput")
     after, until = getattr(check, "after", None), getattr(check, "until", None)
     assert after is not None and until is not None
-    opts = sim_options()
-    out = simulate(sim_inputs(prepare_run(sc, opts), opts))
-    recs = out.records
-    splits = [e.t for e in out.history if e.kind == "split"]
-    drains = [e.data.get("drain_s", 0.0) for e in out.history if e.kind == "switched"]
+    splits = [e.t for e in run.history if e.kind == "split"]
+    drains = [e.data.get("drain_s", 0.0) for e in run.history if e.kind == "switched"]
     return {
-        "predrain": predrain,
-        "seed": seed,
         "split_at": splits[0] if splits else None,
         "max_drain_s": max(drains) if drains else None,
-        "rate_rps": completion_rate(recs, after, until),
+        "rate_rps": completion_rate(run.records, after, until),
     }
 
 
-def run_ablation(pool: ProcessPoolExecutor, seeds: int) -> list[str]:
+def shift_job(predrain: int, seed: int) -> Job:
+    """traffic-shift with prfaas-predict, draining ahead (predrain) or not; its checkers kept
+    (the throughput window)."""
+    settings = _settings("traffic-shift", policy="prfaas-predict", seed_offset=seed, checkers=True)
+    return {"predrain": predrain, "seed": seed}, (
+        *settings,
+        ("policy.long_term.predrain", str(predrain)),
+    )
+
+
+def run_ablation(n_jobs: int, seeds: int) -> list[str]:
+    """Each variant on the 50%-load drop (P90 during) and link-flap at 100% (SLO attainment)."""
     rate = _rate("bandwidth-drop", 0.5)
-    jobs = [(lab, case, s, rate) for lab in ABLATIONS for case in ("drop", "flap")
-            for s in range(seeds)]  # fmt: skip
-    rows = list(pool.map(ablation_run, jobs))
+    drop = _run("bandwidth-drop", [
+        drop_job(lab, s, None, rate, knobs=ABLATIONS[lab]) for lab in ABLATIONS
+        for s in range(seeds)], drop_measure, n_jobs)  # fmt: skip
+    flap = _run("link-flap", [
+        dynamic_job("link-flap", lab, s, knobs=ABLATIONS[lab]) for lab in ABLATIONS
+        for s in range(seeds)], dynamic_measure, n_jobs)  # fmt: skip
+    rows = [{"label": r["policy"], "case": "drop", "value": r["p90_during_s"]} for r in drop]
+    rows += [{"label": r["policy"], "case": "flap", "value": r["slo_attainment"]} for r in flap]
     out = [
         "## prfaas-predict knobs (sim)\n",
         f"Each `policy.predict` variant against the defaults, mean over {seeds} seeds: P90 TTFT "
@@ -232,7 +270,8 @@ def run_ablation(pool: ProcessPoolExecutor, seeds: int) -> list[str]:
         f = _mean([r for r in rows if r["label"] == lab and r["case"] == "flap"], "value")
         assert d is not None and f is not None
         out.append(f"| {lab} | {_fmt(d, '.1f', ' s')} | {f[0]:.1%} ({f[1]:.1%}-{f[2]:.1%}) |")
-    shift = list(pool.map(shift_run, [(p, s) for p in (3, 0) for s in range(seeds)]))
+    shift_jobs = [shift_job(p, s) for p in (3, 0) for s in range(seeds)]
+    shift = _run("traffic-shift", shift_jobs, shift_measure, n_jobs)
     out += [
         "",
         "traffic-shift (80% load) with prfaas-predict, long-term loop draining ahead or not:\n",
@@ -339,12 +378,12 @@ def _fmt(m: tuple[float, float, float] | None, spec: str, unit: str = "") -> str
     return f"{m[0]:{spec}}{unit} ({m[1]:{spec}}-{m[2]:{spec}})"
 
 
-def run_drop(pool: ProcessPoolExecutor, seeds: int) -> dict[str, Any]:
+def run_drop(n_jobs: int, seeds: int) -> dict[str, Any]:
     rate, thresholds = _planned("bandwidth-drop", 0.5)
-    jobs: list[DropJob] = [(p, s, None, rate, None) for p in POLICIES for s in range(seeds)]
-    jobs += [("prfaas-static", s, float(t), rate, None) for t in thresholds
+    jobs = [drop_job(p, s, None, rate) for p in POLICIES for s in range(seeds)]
+    jobs += [drop_job("prfaas-static", s, float(t), rate) for t in thresholds
              for s in range(seeds)]  # fmt: skip
-    rows = list(pool.map(drop_run, jobs))
+    rows = _run("bandwidth-drop", jobs, drop_measure, n_jobs)
     by_t: dict[float, list[dict[str, Any]]] = {}
     for r in rows:
         if r["threshold"] is not None:
@@ -382,17 +421,16 @@ def render_drop(d: dict[str, Any], seeds: int) -> list[str]:
     return out
 
 
-def run_split(pool: ProcessPoolExecutor, seeds: int) -> list[dict[str, Any]]:
+def run_split(n_jobs: int, seeds: int) -> list[dict[str, Any]]:
     """The drop with the PD split pinned: each policy and each fixed threshold on the same
     deployment shape, so the hindsight-best threshold is compared like for like (a fixed t
     left to the planner also gets the planner's split for that t: t = 40K plans 5 PD-P)."""
     rate, thresholds = _planned("bandwidth-drop", 0.5)
     pols = ("prfaas-predict", "prfaas", "prfaas-static")
-    jobs: list[DropJob] = [(p, s, None, rate, n) for n in SPLITS for p in pols
-                           for s in range(seeds)]  # fmt: skip
-    jobs += [("prfaas-static", s, float(t), rate, n) for n in SPLITS for t in thresholds
-             for s in range(seeds)]  # fmt: skip
-    return list(pool.map(drop_run, jobs))
+    jobs = [drop_job(p, s, None, rate, n) for n in SPLITS for p in pols for s in range(seeds)]
+    jobs += [drop_job("prfaas-static", s, float(t), rate, n) for n in SPLITS
+             for t in thresholds for s in range(seeds)]  # fmt: skip
+    return _run("bandwidth-drop", jobs, drop_measure, n_jobs)
 
 
 def render_split(rows: list[dict[str, Any]], seeds: int) -> list[str]:
@@ -430,9 +468,9 @@ def render_split(rows: list[dict[str, Any]], seeds: int) -> list[str]:
     return out
 
 
-def run_dynamic(pool: ProcessPoolExecutor, seeds: int) -> list[dict[str, Any]]:
-    jobs = [(n, p, s) for n in DYNAMIC for p in POLICIES for s in range(seeds)]
-    return list(pool.map(dynamic_run, jobs))
+def run_dynamic(n_jobs: int, seeds: int) -> list[dict[str, Any]]:
+    jobs = [dynamic_job(n, p, s) for n in DYNAMIC for p in POLICIES for s in range(seeds)]
+    return _dynamic(jobs, n_jobs)
 
 
 def render_dynamic(rows: list[dict[str, Any]], seeds: int) -> list[str]:
@@ -477,23 +515,6 @@ DIAL: tuple[tuple[str, dict[str, float]], ...] = (
 prfaas-predict (the smaller share outright, no reserve)."""
 
 
-def _dial_policy(label: str) -> str:
-    """The row label of prfaas-predict with the knobs of DIAL's column `label`, registered in
-    POLICIES (in the worker process that runs it)."""
-    POLICIES[label] = ("prfaas-predict", dict(DIAL)[label])
-    return label
-
-
-def dial_run(job: tuple[str, str, int]) -> dict[str, Any]:
-    name, label, seed = job
-    return {**dynamic_run((name, _dial_policy(label), seed)), "column": label}
-
-
-def dial_saturation_run(job: tuple[str, int, float]) -> dict[str, Any]:
-    label, seed, duration = job
-    return {**saturation_run((_dial_policy(label), seed, duration)), "column": label}
-
-
 def _baselines(rows: list[dict[str, Any]], name: str) -> tuple[float, float]:
     """The better SLO attainment and the lower P90 TTFT of prfaas and prfaas-static on
     scenario `name` (means over the seeds of the dynamic table's `rows`)."""
@@ -506,7 +527,7 @@ def _baselines(rows: list[dict[str, Any]], name: str) -> tuple[float, float]:
 
 
 def run_dial(
-    pool: ProcessPoolExecutor,
+    n_jobs: int,
     seeds: int,
     rows: list[dict[str, Any]],
     saturation: list[dict[str, Any]],
@@ -519,9 +540,16 @@ def run_dial(
     prfaas-static's come from `saturation`, the saturation table's runs)."""
     labels = [label for label, _ in DIAL]
     ks = [label for label, knobs in DIAL if knobs]
-    dial = list(pool.map(dial_run, [(n, k, s) for k in ks for n in DYNAMIC for s in range(seeds)]))
+    dial_knobs = dict(DIAL)
+    dial_jobs = [
+        dynamic_job(n, k, s, dial_knobs[k]) for k in ks for n in DYNAMIC for s in range(seeds)
+    ]
+    dial = [{**r, "column": r["policy"]} for r in _dynamic(dial_jobs, n_jobs)]
     dial += [{**r, "column": "default"} for r in rows if r["policy"] == "prfaas-predict"]
-    sat = list(pool.map(dial_saturation_run, [(k, s, duration) for k in ks for s in range(seeds)]))
+    sat_jobs = [saturation_job(k, s, duration, dial_knobs[k]) for k in ks for s in range(seeds)]
+    sat = [
+        {**r, "column": r["policy"]} for r in _run("paper", sat_jobs, saturation_measure, n_jobs)
+    ]
     sat += [{**r, "column": "default"} for r in saturation if r["policy"] == "prfaas-predict"]
     static_rows = [r for r in saturation if r["policy"] == "prfaas-static"]
     static = statistics.fmean(r["rate_rps"] for r in static_rows)
@@ -636,9 +664,9 @@ def dynamic_hindsight(seeds: int, jobs: int, rows: list[dict[str, Any]]) -> list
     return out
 
 
-def run_saturation(pool: ProcessPoolExecutor, seeds: int, duration: float) -> list[dict[str, Any]]:
-    jobs = [(p, s, duration) for p in POLICIES for s in range(seeds)]
-    return list(pool.map(saturation_run, jobs))
+def run_saturation(n_jobs: int, seeds: int, duration: float) -> list[dict[str, Any]]:
+    jobs = [saturation_job(p, s, duration) for p in POLICIES for s in range(seeds)]
+    return _run("paper", jobs, saturation_measure, n_jobs)
 
 
 def render_saturation(rows: list[dict[str, Any]], seeds: int, duration: float) -> list[str]:
@@ -678,36 +706,35 @@ def main() -> int:
     load_before = os.getloadavg()
     out = [f"# prfaas-predict on the sim (`python bench/predict.py`, {args.seeds} seeds)\n"]
     raw: dict[str, Any] = {}
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        if args.only in (None, "drop"):
-            d = run_drop(pool, args.seeds)
-            raw["drop"] = d["rows"]
-            out += render_drop(d, args.seeds)
-            print("\n".join(out), flush=True)
-        if args.only in (None, "split"):
-            rows = run_split(pool, args.seeds)
-            raw["split"] = rows
-            out += render_split(rows, args.seeds)
-            print("\n".join(out[-6:]), flush=True)
-        if args.only in (None, "yardstick"):
-            out += yardstick(args.seeds, args.jobs)
-        saturation: list[dict[str, Any]] = []
-        if args.only in (None, "dynamic", "saturation"):
-            # the saturation table's runs; the dial reuses its default and prfaas-static rows
-            saturation = run_saturation(pool, args.seeds, args.duration)
-        if args.only in (None, "dynamic"):
-            rows = run_dynamic(pool, args.seeds)
-            raw["dynamic"] = rows
-            out += render_dynamic(rows, args.seeds)
-            out += run_dial(pool, args.seeds, rows, saturation, args.duration)
-            out += dynamic_hindsight(args.seeds, args.jobs, rows)
-        if args.only in (None, "cost"):
-            out += decision_cost()
-        if args.only in (None, "ablation"):
-            out += run_ablation(pool, args.seeds)
-        if args.only in (None, "saturation"):
-            raw["saturation"] = saturation
-            out += render_saturation(saturation, args.seeds, args.duration)
+    if args.only in (None, "drop"):
+        d = run_drop(args.jobs, args.seeds)
+        raw["drop"] = d["rows"]
+        out += render_drop(d, args.seeds)
+        print("\n".join(out), flush=True)
+    if args.only in (None, "split"):
+        rows = run_split(args.jobs, args.seeds)
+        raw["split"] = rows
+        out += render_split(rows, args.seeds)
+        print("\n".join(out[-6:]), flush=True)
+    if args.only in (None, "yardstick"):
+        out += yardstick(args.seeds, args.jobs)
+    saturation: list[dict[str, Any]] = []
+    if args.only in (None, "dynamic", "saturation"):
+        # the saturation table's runs; the dial reuses its default and prfaas-static rows
+        saturation = run_saturation(args.jobs, args.seeds, args.duration)
+    if args.only in (None, "dynamic"):
+        rows = run_dynamic(args.jobs, args.seeds)
+        raw["dynamic"] = rows
+        out += render_dynamic(rows, args.seeds)
+        out += run_dial(args.jobs, args.seeds, rows, saturation, args.duration)
+        out += dynamic_hindsight(args.seeds, args.jobs, rows)
+    if args.only in (None, "cost"):
+        out += decision_cost()
+    if args.only in (None, "ablation"):
+        out += run_ablation(args.jobs, args.seeds)
+    if args.only in (None, "saturation"):
+        raw["saturation"] = saturation
+        out += render_saturation(saturation, args.seeds, args.duration)
     text = "\n".join(out)
     print(text)
     if args.report:
