@@ -22,15 +22,11 @@ Takes about 8 minutes on 2 cores with the defaults.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-import tempfile
 from pathlib import Path
 
 from testbed.errors import UserError
-from testbed.experiment import Grid, backlog, completion_rate, steady_window
-from testbed.scenario.plan import RunOptions, prepare_run
-from testbed.scenario.runner import run_scenario
+from testbed.experiment import Grid, backlog, completion_rate, run_scenario_once, steady_window
 from testbed.scenario.sweep import parse_setting
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,11 +54,8 @@ def run_case(
             "duration": f"{args.duration:g}s",
         }
     ).scenario_of()
-    with tempfile.TemporaryDirectory() as tmp:
-        opts = RunOptions(policy=policy, out_dir=Path(tmp), progress=False)
-        rp = prepare_run(scenario, opts)
-        result = asyncio.run(run_scenario(rp, opts))
-    recs = result.records
+    result = run_scenario_once(scenario, "local", policy=policy)
+    rp, recs = result.plan, result.records
     lo, hi = steady_window(args.duration)
     return {
         "planned": rp.plan.lambda_max_rps,

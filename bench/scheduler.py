@@ -20,12 +20,10 @@ About 10 minutes on 2 cores with the defaults. --report writes the tables as mar
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +32,9 @@ from provenance import (  # bench/provenance.py: the script's directory is on sy
     with_header,
 )
 
-from testbed.experiment import Grid, completion_rate, ttft_p90
+from testbed.experiment import Grid, completion_rate, run_scenario_once, ttft_p90
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.planner import plan_deployment, plan_inputs
-from testbed.scenario.plan import RunOptions, prepare_run
-from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,11 +44,8 @@ SHIFT_POLICIES = ("prfaas", "prfaas-nolongterm")
 
 
 def _run(scenario: Scenario, policy: str) -> tuple[Any, list[RequestRecord], list[HistoryEvent]]:
-    with tempfile.TemporaryDirectory() as tmp:
-        opts = RunOptions(policy=policy, out_dir=Path(tmp), progress=False)
-        rp = prepare_run(scenario, opts)
-        result = asyncio.run(run_scenario(rp, opts))
-    return rp, result.records, result.history
+    run = run_scenario_once(scenario, "local", policy=policy)
+    return run.plan, run.records, run.history
 
 
 def _threshold_moves(history: list[HistoryEvent], t0: float, t1: float) -> tuple[Any, Any]:

@@ -22,11 +22,9 @@ About 12 minutes on 2 cores with the defaults.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import platform
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +34,8 @@ from provenance import (  # bench/provenance.py: the script's directory is on sy
     with_header,
 )
 
-from testbed.experiment import percentile, ttft_p90
+from testbed.experiment import percentile, run_scenario_once, ttft_p90
 from testbed.metrics.records import RequestRecord
-from testbed.scenario.plan import RunOptions, prepare_run
-from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,17 +57,9 @@ def _scenarios(quick: bool) -> list[tuple[str, Scenario, str | None, float | Non
 def _one(
     scenario: Scenario, policy: str | None, duration: float | None, shaper: str, seed: int
 ) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
-        opts = RunOptions(
-            policy=policy,
-            duration_s=duration,
-            out_dir=Path(tmp),
-            progress=False,
-            shaper=shaper,
-            seed=seed,
-        )
-        rp = prepare_run(scenario, opts)
-        result = asyncio.run(run_scenario(rp, opts))
+    result = run_scenario_once(
+        scenario, "local", policy=policy, duration_s=duration, shaper=shaper, seed=seed
+    )
     recs: list[RequestRecord] = result.records
     ttft = [r.ttft for r in recs if r.ttft is not None]
     failed = sum(1 for r in recs if r.status != "completed")

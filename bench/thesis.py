@@ -24,25 +24,30 @@ About 6 minutes on 2 cores with the defaults (live runs); under 30 s with --subs
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from provenance import provenance  # bench/provenance.py: the script's directory is on sys.path
 
-from testbed.experiment import Grid, completion_rate, in_window, percentile, steady_window
+from testbed.experiment import (
+    SUBSTRATES,
+    Grid,
+    Run,
+    Substrate,
+    completion_rate,
+    in_window,
+    percentile,
+    run_scenario_once,
+    steady_window,
+)
 from testbed.experiment.grid import Value
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.planner import plan_deployment, plan_inputs
 from testbed.scenario.hindsight import best_fixed
-from testbed.scenario.plan import RunOptions, prepare_run
-from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import Scenario, load_scenario
-from testbed.scenario.sim_run import run_sim
 from testbed.units import parse_duration
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,16 +92,12 @@ def link_use(history: list[HistoryEvent], lo: float, hi: float) -> tuple[float, 
     return mean, mean / (configured[0] if configured else 100.0)
 
 
-def run(scenario: Scenario, policy: str, substrate: str) -> tuple[Any, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
-        opts = RunOptions(policy=policy, out_dir=Path(tmp), progress=False, substrate=substrate)
-        rp = prepare_run(scenario, opts)
-        if substrate == "sim":
-            return rp, run_sim(rp, opts)
-        return rp, asyncio.run(run_scenario(rp, opts))
+def run(scenario: Scenario, policy: str, substrate: Substrate) -> tuple[Any, Run]:
+    result = run_scenario_once(scenario, substrate, policy=policy)
+    return result.plan, result
 
 
-def measure(scenario: Scenario, policy: str, substrate: str) -> dict[str, Any]:
+def measure(scenario: Scenario, policy: str, substrate: Substrate) -> dict[str, Any]:
     rp, result = run(scenario, policy, substrate)
     lo, hi = steady_window(scenario.duration)
     recs: list[RequestRecord] = result.records
@@ -207,7 +208,7 @@ def plot(
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--duration", type=parse_duration, default=240.0, help="real-world per run")
-    ap.add_argument("--substrate", default="local", choices=("local", "compose", "sim"))
+    ap.add_argument("--substrate", default="local", choices=SUBSTRATES)
     ap.add_argument(
         "--policies",
         default=",".join(POLICIES),

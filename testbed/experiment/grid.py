@@ -26,10 +26,11 @@ from testbed.scenario.sweep import MAX_CELLS, Cell, cell_scenario
 
 __all__ = ["SUBSTRATES", "Grid", "Setting", "Substrate", "setting_text", "settings_of"]
 
-Substrate = Literal["sim", "local"]
+Substrate = Literal["sim", "local", "compose"]
 SUBSTRATES: tuple[str, ...] = get_args(Substrate)
-"""Where an experiment's runs go: the sim (cells may run in parallel) or live local processes
-(one at a time: they share the machine's cores and the measurement would too)."""
+"""Where an experiment's runs go: the sim (cells may run in parallel) or live, on local
+processes or Docker Compose (one at a time: they share the machine's cores and the measurement
+would too)."""
 
 Setting = tuple[str, str]
 """(dotted path, YAML value): one `--set path=value`."""

@@ -10,6 +10,7 @@ Ray cluster (testbed.scenario.sweep.map_cells), so `measure` must be a module-le
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import tempfile
 from collections.abc import Callable
@@ -48,6 +49,11 @@ class Run:
     def setting(self, path: str) -> str | None:
         return dict(self.settings).get(path)
 
+    @property
+    def ok(self) -> bool:
+        """No checker failed (as `testbed run`'s exit code reads it)."""
+        return all(c.verdict != "failed" for c in self.checks)
+
 
 @dataclass(frozen=True)
 class Row(Generic[T]):
@@ -67,14 +73,30 @@ def run_scenario_once(
     settings: tuple[Setting, ...] = (),
     max_requests: int | None = None,
     checkers: bool = True,
+    policy: str | None = None,
+    seed: int | None = None,
+    duration_s: float | None = None,
+    shaper: str | None = None,
+    drain_timeout_s: float | None = None,
 ) -> Run:
-    """Run `scenario` once on `substrate` (live: into a temporary directory) and keep it all."""
+    """Run `scenario` once on `substrate` (live: into a temporary directory) and keep it all.
+
+    `policy`, `seed`, `duration_s`, `shaper`, `drain_timeout_s` are `testbed run`'s options of
+    those names (`--policy`, `--seed`, `--duration`, `--shaper`; None: the scenario's own)."""
+    given = {
+        "policy": policy,
+        "seed": seed,
+        "duration_s": duration_s,
+        "shaper": shaper,
+        "drain_timeout_s": drain_timeout_s,
+    }
+    options: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     if substrate_facts(substrate).virtual_time:  # testbed.substrates: the sim
         from testbed.checkers import run_checkers
         from testbed.scenario.sim_run import sim_inputs
         from testbed.sim import simulate
 
-        opts = sim_options(max_requests=max_requests)
+        opts = dataclasses.replace(sim_options(max_requests=max_requests), **options)
         rp = prepare_run(scenario, opts)
         out = simulate(sim_inputs(rp, opts))
         sc = rp.scenario
@@ -101,6 +123,7 @@ def run_scenario_once(
             progress=False,
             max_requests=max_requests,
             timeline=False,
+            **options,
         )
         rp = prepare_run(scenario, opts)
         result = asyncio.run(run_scenario(rp, opts))
