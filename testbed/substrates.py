@@ -53,6 +53,10 @@ class SubstrateFacts:
     """`module:function` that runs a prepared scenario in one process (a virtual-time substrate:
     testbed.scenario.sim_run.run_sim), None for one that starts services."""
     preflight: str | None = None
+    link_verbs: str | None = None
+    """`module:attr` of the testbed.nemesis.LinkVerbs its link plays, checked against the
+    scenario's faults while the run is planned (one line naming the fault and the verb); None:
+    every verb (the link emulator), checked again when the faults are played."""
     """`module:function(deployment_name, deployment)` raising one line for a deployment it
     cannot run, called while the run is planned (the sim: a real model, tc shaping)."""
     virtual_time: bool = False
@@ -166,6 +170,7 @@ register_substrate(
         services=None,
         simulate="testbed.scenario.sim_run:run_sim",
         preflight="testbed.sim:refuse_unmodelled",
+        link_verbs="testbed.sim.nemesis:SIM_LINK",
         virtual_time=True,
         wire_bytes=False,
         hindsight=True,

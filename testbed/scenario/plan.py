@@ -23,7 +23,13 @@ from testbed.engine.torch import live
 from testbed.errors import UserError
 from testbed.metrics.bench import DEFAULT_PERCENTILES
 from testbed.metrics.records import HistoryEvent, RequestRecord
-from testbed.nemesis import PlannedFault, burst_requests, check_timeline_fits, plan_faults
+from testbed.nemesis import (
+    PlannedFault,
+    burst_requests,
+    check_timeline_fits,
+    plan_faults,
+    refuse_unplayable,
+)
 from testbed.nemesis.process import group_ids
 from testbed.planner import StagePlan, plan_deployment, plan_inputs
 from testbed.policy import POLICIES, get_policy
@@ -295,6 +301,8 @@ def _prepare(scenario: Scenario, opts: RunOptions) -> RunPlan:
         )
     layout = _layout(scenario, dep, policy, n_prefill, n_decode, threshold, plan, shift_plan)
     faults = plan_faults(scenario, layout.workers, link_enabled=dep.prfaas is not None)
+    if where.link_verbs is not None:  # a fault this substrate's link cannot play: now, one line
+        refuse_unplayable(faults, load_attr(where.link_verbs))
     rp = RunPlan(
         scenario, name, dep, policy, plan, threshold, n_prefill, n_decode, rate, duration,
         requests, layout,
