@@ -8,7 +8,7 @@ two readings is written here once, so the summaries and the timeline read both a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from testbed.metrics.records import HistoryEvent
@@ -21,7 +21,7 @@ __all__ = [
     "LinkRate",
     "engine_event",
     "link_event",
-    "queue_event",
+    "queue_events",
 ]
 
 SAMPLE_INTERVAL_S = 0.25
@@ -32,11 +32,14 @@ LINK = "link"
 ENGINE = "engine"
 
 
-def queue_event(t: float, instance: str, cluster: str, role: str, depth: float) -> HistoryEvent:
-    """An instance's outstanding requests (the router's count) at `t`."""
-    return HistoryEvent(
-        t, QUEUE, {"instance": instance, "cluster": cluster, "role": role, "depth": depth}
-    )
+def queue_events(t: float, instances: Iterable[tuple[str, str, str, float]]) -> list[HistoryEvent]:
+    """Each instance's outstanding requests (the router's count) at `t`, from its (instance,
+    cluster, role, depth); one call per sample (the sim samples 1,248 instances four times a
+    simulated second at 10K GPUs)."""
+    return [
+        HistoryEvent(t, QUEUE, {"instance": i, "cluster": c, "role": r, "depth": d})
+        for i, c, r, d in instances
+    ]
 
 
 class LinkRate:

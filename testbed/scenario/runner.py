@@ -29,7 +29,7 @@ from testbed.kvcache.manager import cluster_capacities
 from testbed.link.deployment import LinkSetup
 from testbed.metrics.files import Journal, write_jsonl_atomic
 from testbed.metrics.records import HistoryEvent, JournaledHistory, RequestRecord
-from testbed.metrics.samples import SAMPLE_INTERVAL_S, engine_event, queue_event
+from testbed.metrics.samples import SAMPLE_INTERVAL_S, engine_event, queue_events
 from testbed.nemesis import NemesisPlayer, stop_player
 from testbed.scenario.outside import OwnedScheduler, start_owned_scheduler
 from testbed.scenario.plan import Progress, RunOptions, RunPlan, RunResult
@@ -292,12 +292,12 @@ class _Run:
                 async with asyncio.timeout(2):
                     async with session.get(f"{self.router.url}/stats") as resp:
                         stats = await resp.json()
-                for inst in stats["instances"]:
-                    self.history.append(
-                        queue_event(
-                            t, inst["id"], inst["cluster"], inst["role"], inst["outstanding"]
-                        )
+                rows = stats["instances"]
+                self.history.extend(
+                    queue_events(
+                        t, ((i["id"], i["cluster"], i["role"], i["outstanding"]) for i in rows)
                     )
+                )
             if self.link is not None and (link := await self.link.sample_event(t)) is not None:
                 self.history.append(link)  # a sample, or a `link_miss` with its reason
             await asyncio.sleep(SAMPLE_INTERVAL_S)

@@ -61,7 +61,7 @@ def wire_kv_bytes(model: ModelProfile, tokens: int, byte_scale: float) -> int:
     return group(state, n_lin) + group(total - state, n_full)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Attempt:
     req: SimRequest
     prefill: SimInstance
@@ -80,18 +80,16 @@ class Attempt:
     timer: asyncio.TimerHandle | None = None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class SimRequest:
     spec: RequestSpec
     core: RequestDispatch
     """Its attempts, exclusions and reasons (the rules shared with the live router)."""
+    rec: RequestRecord
+    """core.rec, read ten times a request: an attribute, not a property."""
     keys: ChainKeys
     """The prompt's prefix-cache chain keys, hashed once for every lookup and insert."""
     current: Attempt | None = None
-
-    @property
-    def rec(self) -> RequestRecord:
-        return self.core.rec
 
 
 class SimDispatcher:
@@ -140,7 +138,7 @@ class SimDispatcher:
             arrival=self.loop.time(),
         )
         dispatch = RequestDispatch(rec, self.cluster.mark_down)
-        req = SimRequest(spec, dispatch, ChainKeys(spec.hash_ids))
+        req = SimRequest(spec, dispatch, rec, ChainKeys(spec.hash_ids))
         self.in_flight[spec.id] = req
         self._try(req)
 

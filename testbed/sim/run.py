@@ -28,7 +28,7 @@ from testbed.metrics.samples import (
     LinkRate,
     engine_event,
     link_event,
-    queue_event,
+    queue_events,
 )
 from testbed.nemesis import NemesisPlayer, PlannedFault, stop_player
 from testbed.policy.decider import Decider, wall_percentiles_ms
@@ -230,12 +230,12 @@ async def _sample(cluster: SimCluster, history: list[HistoryEvent], every: float
     loop = cluster.loop
     link = cluster.link
     rate = LinkRate()
+    instances = list(cluster.instances.values())
     wire = cluster.scale.wire_bytes
     while True:
         t = loop.time()
-        for inst in cluster.instances.values():
-            depth = cluster.outstanding[inst.id]
-            history.append(queue_event(t, inst.id, inst.cluster, inst.role, depth))
+        depth = cluster.outstanding
+        history.extend(queue_events(t, ((i.id, i.cluster, i.role, depth[i.id]) for i in instances)))
         if link is not None:
             total = link.carried()
             gbps = rate(t, total) * 8 / 1e9
