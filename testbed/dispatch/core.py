@@ -47,12 +47,15 @@ __all__ = [
     "RequestDispatch",
     "begin_attempt",
     "cache_plan",
+    "cluster_hardware",
     "cost_model",
     "finish",
     "prefill_answered",
     "pull_done",
+    "request_view",
     "routed_length",
     "snapshot",
+    "start_attempt",
 ]
 
 REASON_JOIN = "; then "
@@ -168,6 +171,8 @@ class RequestDispatch:
 
 
 def request_view(rec: RequestRecord, look: CacheLookup, model: ModelProfile) -> RequestView:
+    """What the policy is told of the request: its lengths, what each cluster caches of it and
+    the size of its KV."""
     return RequestView(
         rec.id, rec.input_tokens, rec.output_tokens, look.local, look.prfaas,
         model.kv_bytes(rec.input_tokens),
