@@ -44,11 +44,9 @@ from link_accuracy import (  # noqa: E402
     local_listener,
     make_proxy,
 )
-from provenance import provenance  # noqa: E402
+from provenance import provenance, write_section  # noqa: E402
 
 SEND = memoryview(b"\0" * (256 * 1024))
-SUMMARY_START = "<!-- link_cpu:start -->"
-SUMMARY_END = "<!-- link_cpu:end -->"
 
 
 @contextmanager
@@ -238,14 +236,7 @@ def main() -> int:
     text = f"{head}\n{body}\n"
     print(text)
     if args.report is not None:
-        old = args.report.read_text() if args.report.exists() else ""
-        section = f"{SUMMARY_START}\n{text}{SUMMARY_END}"
-        if SUMMARY_START in old and SUMMARY_END in old:
-            pre, rest = old.split(SUMMARY_START, 1)
-            new = pre + section + rest.split(SUMMARY_END, 1)[1]
-        else:
-            new = old.rstrip("\n") + "\n\n## CPU per round trip and per GB\n\n" + section + "\n"
-        args.report.write_text(new)
+        write_section(args.report, "link_cpu", "CPU per round trip and per GB", text)
     return 0
 
 

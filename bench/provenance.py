@@ -56,3 +56,18 @@ def provenance(script: str, argv: list[str], load_before: tuple[float, ...], set
         f"{'/'.join(f'{x:.2f}' for x in after)} (1/5/15 min)\n"
         f"- substrate: {setup}\n"
     )
+
+
+def write_section(report: Path, name: str, heading: str, text: str) -> None:
+    """Put `text` in `report` between `<!-- name:start -->` and `<!-- name:end -->`: in place of
+    the section a previous run wrote, or appended under `heading` the first time; the rest of
+    the report is kept as it is."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    old = report.read_text() if report.exists() else ""
+    section = f"{start}\n{text}{end}"
+    if start in old and end in old:
+        pre, rest = old.split(start, 1)
+        new = pre + section + rest.split(end, 1)[1]
+    else:
+        new = old.rstrip("\n") + f"\n\n## {heading}\n\n" + section + "\n"
+    report.write_text(new)

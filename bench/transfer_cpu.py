@@ -27,8 +27,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-SECTION_START = "<!-- transfer_cpu:start -->"
-SECTION_END = "<!-- transfer_cpu:end -->"
 
 
 def child(mib: int, connections: int) -> None:
@@ -110,7 +108,7 @@ def main() -> int:
         child(args.mib, args.connections)
         return 0
     sys.path.insert(0, str(BENCH))
-    from provenance import provenance
+    from provenance import provenance, write_section
 
     load = os.getloadavg()
     srcs = [ROOT, *(Path(s).resolve() for s in args.src)]
@@ -142,14 +140,7 @@ def main() -> int:
     text = head + "\n" + "\n".join(lines) + "\n"
     print(text)
     if args.report is not None:
-        old = args.report.read_text() if args.report.exists() else ""
-        section = f"{SECTION_START}\n{text}{SECTION_END}"
-        if SECTION_START in old and SECTION_END in old:
-            pre, rest = old.split(SECTION_START, 1)
-            new = pre + section + rest.split(SECTION_END, 1)[1]
-        else:
-            new = old.rstrip("\n") + "\n\n## CPU per GB on each side\n\n" + section + "\n"
-        args.report.write_text(new)
+        write_section(args.report, "transfer_cpu", "CPU per GB on each side", text)
     return 0
 
 
