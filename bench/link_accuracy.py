@@ -46,11 +46,13 @@ EMULATOR_PID: list[int] = []
 
 
 @contextmanager
-def emulator() -> Iterator[str]:
-    """Start `testbed link serve --port 0` and yield its API URL; always stop it."""
+def emulator_process(src: Path = ROOT) -> Iterator[tuple[str, int]]:
+    """`testbed link serve --port 0` from checkout `src` (on PYTHONPATH); yields its API URL
+    and pid; always stops it."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "testbed.cli", "link", "serve", "--port", "0", "--seed", "1"],
-        cwd=ROOT,
+        cwd=src,
+        env=dict(os.environ, PYTHONPATH=str(src)),
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -59,16 +61,25 @@ def emulator() -> Iterator[str]:
         line = proc.stdout.readline()
         m = re.search(r"(http://\S+)", line)
         if not m:
-            raise RuntimeError(f"emulator did not start: {line!r}")
-        EMULATOR_PID[:] = [proc.pid]
-        yield m.group(1)
+            raise RuntimeError(f"emulator from {src} did not start: {line!r}")
+        yield m.group(1), proc.pid
     finally:
-        EMULATOR_PID.clear()
         proc.terminate()
         try:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@contextmanager
+def emulator() -> Iterator[str]:
+    """This checkout's emulator (emulator_process); its pid in EMULATOR_PID while it runs."""
+    with emulator_process() as (url, pid):
+        EMULATOR_PID[:] = [pid]
+        try:
+            yield url
+        finally:
+            EMULATOR_PID.clear()
 
 
 def api(url: str, method: str, path: str, body: object = None) -> object:

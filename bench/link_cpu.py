@@ -23,15 +23,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,38 +38,13 @@ from link_accuracy import (  # noqa: E402
     Pinger,
     api,
     echo_server,
+    emulator_process,
     local_listener,
     make_proxy,
 )
 from provenance import provenance, write_section  # noqa: E402
 
 SEND = memoryview(b"\0" * (256 * 1024))
-
-
-@contextmanager
-def emulator(src: Path) -> Iterator[tuple[str, int]]:
-    """`testbed link serve --port 0` from checkout `src`; yields (API URL, pid)."""
-    env = dict(os.environ, PYTHONPATH=str(src))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "testbed.cli", "link", "serve", "--port", "0", "--seed", "1"],
-        cwd=src,
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        m = re.search(r"(http://\S+)", line)
-        if not m:
-            raise RuntimeError(f"emulator from {src} did not start: {line!r}")
-        yield m.group(1), proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def cpu_ns(pid: int) -> int:
@@ -169,7 +141,7 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
         for r in range(args.repeat):
             order = srcs if r % 2 == 0 else srcs[::-1]  # alternate who goes first
             for src in order:
-                with emulator(src) as (url, pid):
+                with emulator_process(src) as (url, pid):
                     results[str(src)].append(measure(url, pid, echo, args))
                 print(f"round {r + 1} {src}: {results[str(src)][-1]}", file=sys.stderr)
     return results
