@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,15 @@ import numpy as np
 
 from testbed.metrics.records import RequestRecord
 
-__all__ = ["DEFAULT_PERCENTILES", "benchmark", "describe", "parse_percentiles", "run_metadata"]
+__all__ = [
+    "DEFAULT_PERCENTILES",
+    "DoneFigures",
+    "benchmark",
+    "describe",
+    "parse_percentiles",
+    "run_metadata",
+    "stats",
+]
 
 DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0)
 """Always reported (the report and the checkers read p50, p90, p99); others on request."""
@@ -58,11 +67,13 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
     return tuple(sorted(set(out)))
 
 
-def describe(values: Sequence[float], percentiles: Sequence[float] = ()) -> dict[str, Any]:
+def describe(
+    values: Sequence[float] | np.ndarray, percentiles: Sequence[float] = ()
+) -> dict[str, Any]:
     """mean, std, min, max and p50/p90/p99 plus `percentiles`; all None when empty."""
     qs = sorted(set(DEFAULT_PERCENTILES) | set(percentiles))
     keys = ["mean", "std", "min", "max", *(pkey(q) for q in qs)]
-    if not values:
+    if len(values) == 0:
         return dict.fromkeys(keys)
     a = np.asarray(values, dtype=np.float64)
     out: dict[str, Any] = {
@@ -76,31 +87,41 @@ def describe(values: Sequence[float], percentiles: Sequence[float] = ()) -> dict
     return out
 
 
+def stats(values: Sequence[float] | np.ndarray) -> dict[str, float | None]:
+    """Mean and p50/p90/p99 (linear interpolation); all None when there is no data."""
+    if len(values) == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    a = np.asarray(values, dtype=np.float64)
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {"mean": float(a.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
 def _ms(stats: dict[str, Any]) -> dict[str, Any]:
     return {k: None if v is None else v * 1e3 for k, v in stats.items()}
 
 
 def benchmark(
-    done: Sequence[RequestRecord],
+    done: Sequence[RequestRecord] | DoneFigures,
     good: int,
     duration_s: float,
     percentiles: Sequence[float],
 ) -> dict[str, Any]:
-    """The `benchmark` section: vLLM-bench-serve-style flat fields over completed requests."""
+    """The `benchmark` section: vLLM-bench-serve-style flat fields over completed requests
+    (their records, or their figures from a testbed.metrics.table.RecordTable)."""
+    d = done if isinstance(done, DoneFigures) else DoneFigures.of(done)
     out: dict[str, Any] = {
-        "completed": len(done),
+        "completed": d.n,
         "duration": duration_s,
-        "request_throughput": len(done) / duration_s,
+        "request_throughput": d.n / duration_s,
         "request_goodput": good / duration_s,
-        "total_input_tokens": sum(r.input_tokens for r in done),
-        "total_output_tokens": sum(r.tokens_out for r in done),
+        "total_input_tokens": d.input_tokens,
+        "total_output_tokens": d.output_tokens,
     }
     out["input_throughput"] = out["total_input_tokens"] / duration_s
     out["output_throughput"] = out["total_output_tokens"] / duration_s
     out["total_token_throughput"] = out["input_throughput"] + out["output_throughput"]
     for name, prop in _LATENCIES:
-        values = [v for r in done if (v := getattr(r, prop)) is not None]
-        stats = _ms(describe(values, percentiles))
+        stats = _ms(describe(d.latencies[prop], percentiles))
         for key, v in stats.items():
             out[f"{'median' if key == 'p50' else key}_{name}_ms"] = v
             if key == "p50":  # vLLM writes both median_ and p50_
@@ -108,14 +129,40 @@ def benchmark(
     return out
 
 
-def latency_sections(done: Sequence[RequestRecord], percentiles: Sequence[float]) -> dict[str, Any]:
+def latency_sections(
+    done: Sequence[RequestRecord] | DoneFigures, percentiles: Sequence[float]
+) -> dict[str, Any]:
     """`ttft_s`, `tpot_s`, `itl_s`, `e2e_s` and their `_ms` twins for the summary."""
+    d = done if isinstance(done, DoneFigures) else DoneFigures.of(done)
     out: dict[str, Any] = {}
-    for name, prop in (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2e", "e2e")):
-        s = describe([v for r in done if (v := getattr(r, prop)) is not None], percentiles)
+    for name in ("ttft", "tpot", "itl", "e2e"):
+        s = describe(d.latencies[name], percentiles)
         out[f"{name}_s"] = s
         out[f"{name}_ms"] = _ms(s)
     return out
+
+
+@dataclass
+class DoneFigures:
+    """What the latency sections read of the completed requests: their count, token totals and
+    latencies (each property's values that are not None, in record order)."""
+
+    n: int
+    input_tokens: int
+    output_tokens: int
+    latencies: dict[str, Sequence[float] | np.ndarray]
+
+    @classmethod
+    def of(cls, done: Sequence[RequestRecord]) -> DoneFigures:
+        return cls(
+            len(done),
+            sum(r.input_tokens for r in done),
+            sum(r.tokens_out for r in done),
+            {
+                p: [v for r in done if (v := getattr(r, p)) is not None]
+                for p in ("ttft", "tpot", "itl", "e2e")
+            },
+        )
 
 
 def _git_commit() -> str | None:

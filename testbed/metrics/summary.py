@@ -40,11 +40,13 @@ import numpy as np
 
 from testbed.clock import LiveClock, Scale
 from testbed.config import SloConfig
-from testbed.metrics.bench import DEFAULT_PERCENTILES, benchmark, latency_sections
+from testbed.metrics.bench import DEFAULT_PERCENTILES, benchmark, latency_sections, stats
+from testbed.metrics.history import RunHistory, events
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.metrics.router_reaction import router_reaction
+from testbed.metrics.table import RecordTable
 from testbed.metrics.thresholds import policy_thresholds
-from testbed.policy.decider import fallback_kind, wall_percentiles_ms
+from testbed.policy.decider import wall_percentiles_ms
 from testbed.substrates import runs_in_virtual_time
 from testbed.units import format_size
 
@@ -65,15 +67,6 @@ LINK_REASONS = 5
 """Distinct reasons of missed link samples kept in the summary (the most frequent)."""
 
 
-def stats(values: list[float]) -> dict[str, float | None]:
-    """Mean and p50/p90/p99 (linear interpolation); all None when there is no data."""
-    if not values:
-        return {"mean": None, "p50": None, "p90": None, "p99": None}
-    a = np.asarray(values, dtype=np.float64)
-    p50, p90, p99 = np.percentile(a, [50, 90, 99])
-    return {"mean": float(a.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
-
-
 def meets_slo(rec: RequestRecord, slo: SloConfig) -> bool:
     """Whether a request counts towards goodput: completed, TTFT, TPOT (and E2E) within the
     SLO."""
@@ -85,11 +78,11 @@ def meets_slo(rec: RequestRecord, slo: SloConfig) -> bool:
     return tpot is None or tpot <= slo.tpot * (1.0 + slo.tpot_tolerance)
 
 
-def link_stats(history: list[HistoryEvent], byte_scale: float) -> dict[str, Any]:
+def link_stats(history: Sequence[HistoryEvent], byte_scale: float) -> dict[str, Any]:
     """Bytes and rates of the inter-datacenter link from its "link" samples, real-world units,
     and the samples missed ("link_miss" events: read, and failed) with their reasons."""
-    samples = sorted((e for e in history if e.kind == "link"), key=lambda e: e.t)
-    why = Counter(str(e.data.get("reason") or "unknown") for e in history if e.kind == "link_miss")
+    samples = sorted(events(history, "link"), key=lambda e: e.t)
+    why = Counter(str(e.data.get("reason") or "unknown") for e in events(history, "link_miss"))
     missed = {
         "samples_missed": sum(why.values()),
         "samples_missed_reasons": dict(why.most_common(LINK_REASONS)),
@@ -145,7 +138,7 @@ def link_warning(link: dict[str, Any]) -> str | None:
     )
 
 
-def _kernel_counters(samples: list[HistoryEvent]) -> dict[str, int] | None:
+def _kernel_counters(samples: Sequence[HistoryEvent]) -> dict[str, int] | None:
     """The last qdisc counters of a tc-shaped link's samples; None when the emulator shaped."""
     kernel = [e for e in samples if "qdisc_bytes" in e.data]
     if not kernel:
@@ -154,7 +147,7 @@ def _kernel_counters(samples: list[HistoryEvent]) -> dict[str, int] | None:
     return {k: int(last.get(f"qdisc_{k}", 0)) for k in ("bytes", "packets", "drops", "overlimits")}
 
 
-def _time_weighted_mean(samples: list[HistoryEvent], key: str) -> float | None:
+def _time_weighted_mean(samples: Sequence[HistoryEvent], key: str) -> float | None:
     """Mean of a sampled value, each sample weighted by the interval it closes (from t = 0)."""
     total, weight, prev_t = 0.0, 0.0, 0.0
     for e in samples:
@@ -168,31 +161,15 @@ def _time_weighted_mean(samples: list[HistoryEvent], key: str) -> float | None:
     return total / weight if weight > 0 else None
 
 
-def _by_route(records: list[RequestRecord], byte_scale: float) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for route in sorted({r.route or "unrouted" for r in records}):
-        rs = [r for r in records if (r.route or "unrouted") == route]
-        done = [r for r in rs if r.status == "completed"]
-        out[route] = {
-            "requests": len(rs),
-            "completed": len(done),
-            "failed": len(rs) - len(done),
-            "input_tokens_mean": float(np.mean([r.input_tokens for r in rs])),
-            "cached_tokens_mean": float(np.mean([r.cached_tokens for r in rs])),
-            "ttft_s": stats([t for r in done if (t := r.ttft) is not None]),
-            "e2e_s": stats([t for r in done if (t := r.e2e) is not None]),
-            "kv_bytes": float(sum(r.kv_wire_bytes_received for r in rs)) * byte_scale,
-        }
-    return out
-
-
-def queue_depth_series(history: list[HistoryEvent]) -> dict[str, tuple[list[float], list[int]]]:
+def queue_depth_series(history: Sequence[HistoryEvent]) -> dict[str, tuple[list[float], list[int]]]:
     """Total queue depth per "cluster/role" over time, summed over that group's instances.
 
     Instances sample at their own instants, so each instance's depth is held at its last sampled
     value (0 before its first sample) and the group total is evaluated at every sample instant of
     the group. Returns {"prfaas/prefill": (times, depths), ...}.
     """
+    if isinstance(history, RunHistory):  # the sim's: its queue samples are columns already
+        return _series_totals(history.queue_series())
     raw: dict[str, dict[str, list[tuple[float, int]]]] = {}
     for e in history:
         if e.kind != "queue":
@@ -200,64 +177,32 @@ def queue_depth_series(history: list[HistoryEvent]) -> dict[str, tuple[list[floa
         key = f"{e.data.get('cluster', '?')}/{e.data.get('role', '?')}"
         inst = str(e.data.get("instance", "?"))
         raw.setdefault(key, {}).setdefault(inst, []).append((e.t, int(e.data.get("depth", 0))))
-    out: dict[str, tuple[list[float], list[int]]] = {}
-    for key, per_instance in sorted(raw.items()):
-        grid = np.array(sorted({t for series in per_instance.values() for t, _ in series}))
-        total = np.zeros(len(grid), dtype=np.int64)
-        for series in per_instance.values():
+    columns: dict[str, dict[Any, tuple[np.ndarray, np.ndarray]]] = {}
+    for key, per_instance in raw.items():
+        for inst, series in per_instance.items():
             series.sort(key=lambda p: p[0])
             ts = np.array([t for t, _ in series])
             ds = np.array([d for _, d in series], dtype=np.int64)
+            columns.setdefault(key, {})[inst] = (ts, ds)
+    return _series_totals(columns)
+
+
+def _series_totals(
+    columns: dict[str, dict[Any, tuple[np.ndarray, np.ndarray]]],
+) -> dict[str, tuple[list[float], list[int]]]:
+    """Each group's total depth at every sample instant of the group (see queue_depth_series)."""
+    out: dict[str, tuple[list[float], list[int]]] = {}
+    for key, per_instance in sorted(columns.items()):
+        grid = np.unique(np.concatenate([ts for ts, _ in per_instance.values()]))
+        total = np.zeros(len(grid), dtype=np.int64)
+        for ts, ds in per_instance.values():
             idx = np.searchsorted(ts, grid, side="right") - 1
             total += np.where(idx >= 0, ds[np.maximum(idx, 0)], 0)
-        out[key] = ([float(t) for t in grid], [int(d) for d in total])
+        out[key] = (grid.tolist(), total.tolist())
     return out
 
 
-def _prefix_cache(records: list[RequestRecord], byte_scale: float) -> dict[str, Any]:
-    """Prefix reuse per prefill cluster and the pulls across the link, real-world units.
-
-    hit_tokens = prefix tokens the prefill reused (pulled prefixes included); hit_fraction =
-    hit_tokens / input tokens of the requests prefilled there; found_tokens = what the global
-    manager found cached in that cluster, over all requests (what a cache-aware router sees).
-    """
-    clusters: dict[str, Any] = {}
-    for cluster in ("prfaas", "local"):
-        rs = [r for r in records if r.route == cluster]
-        hit = sum(r.cached_tokens for r in rs)
-        total = sum(r.input_tokens for r in rs)
-        found = sum(r.cached_prfaas if cluster == "prfaas" else r.cached_local for r in records)
-        clusters[cluster] = {
-            "requests": len(rs),
-            "hit_requests": sum(1 for r in rs if r.cached_tokens > 0),
-            "hit_tokens": hit,
-            "hit_fraction": hit / total if total else None,
-            "found_tokens": found,
-        }
-    asked = [r for r in records if r.pull_status is not None]
-    ok = [r for r in asked if r.pull_status == "ok"]
-    return {
-        "clusters": clusters,
-        "pulls": {
-            "asked": len(asked),
-            "ok": len(ok),
-            "failed": sum(1 for r in asked if (r.pull_status or "").startswith("failed")),
-            "skipped": sum(1 for r in asked if (r.pull_status or "").startswith("skipped")),
-            "tokens": sum(r.pull_tokens for r in ok),
-            "bytes": float(sum(r.pull_wire_bytes for r in records)) * byte_scale,
-            "seconds": stats([r.pull_s for r in ok if r.pull_s is not None]),
-        },
-    }
-
-
-def _cross_dc_bytes(records: list[RequestRecord], byte_scale: float) -> dict[str, float]:
-    """Real bytes that crossed the inter-datacenter link: PrfaaS KV to decode plus pulls."""
-    kv = float(sum(r.kv_wire_bytes_received for r in records if r.cross_dc)) * byte_scale
-    pulls = float(sum(r.pull_wire_bytes for r in records)) * byte_scale
-    return {"kv": kv, "pulls": pulls, "total": kv + pulls}
-
-
-def _queues(history: list[HistoryEvent]) -> dict[str, Any]:
+def _queues(history: Sequence[HistoryEvent]) -> dict[str, Any]:
     """Peak and mean (over sample instants) total queue depth per cluster/role."""
     return {
         key: {"peak_depth": max(depths), "mean_depth": float(np.mean(depths))}
@@ -265,11 +210,9 @@ def _queues(history: list[HistoryEvent]) -> dict[str, Any]:
     }
 
 
-def _engines(history: list[HistoryEvent]) -> dict[str, Any]:
+def _engines(history: Sequence[HistoryEvent]) -> dict[str, Any]:
     instances: dict[str, Any] = {}
-    for e in history:
-        if e.kind != "engine":
-            continue
+    for e in events(history, "engine"):
         d = e.data
         instances[str(d.get("instance", "?"))] = {
             "steps": d.get("steps"),
@@ -286,8 +229,8 @@ def _engines(history: list[HistoryEvent]) -> dict[str, Any]:
 
 
 def summarize(
-    records: list[RequestRecord],
-    history: list[HistoryEvent],
+    records: Sequence[RequestRecord] | RecordTable,
+    history: Sequence[HistoryEvent],
     *,
     duration_s: float,
     slo: SloConfig,
@@ -304,9 +247,12 @@ def summarize(
     if duration_s <= 0:
         raise ValueError(f"duration_s must be positive, got {duration_s!r}")
     byte_scale = scale.byte_scale
-    done = [r for r in records if r.status == "completed"]
-    failed = [r for r in records if r.status != "completed"]
-    good = [r for r in done if meets_slo(r, slo)]
+    table = records if isinstance(records, RecordTable) else RecordTable.of(records)
+    cols = table.columns()
+    n = len(table)
+    n_done = int(cols["done"].sum())
+    good = table.good(cols, slo)
+    done = table.done(cols)
     summary: dict[str, Any] = {
         "duration_s": duration_s,
         "scale": scale.to_json(),
@@ -316,41 +262,47 @@ def summarize(
             "tpot_tolerance": slo.tpot_tolerance,
             "e2e_s": slo.e2e,
         },
-        "requests": {"submitted": len(records), "completed": len(done), "failed": len(failed)},
-        "failures": dict(sorted(Counter(r.failure_reason or "unknown" for r in failed).items())),
-        "throughput_rps": len(done) / duration_s,
-        "goodput_rps": len(good) / duration_s,
-        "slo_attainment": len(good) / len(records) if records else None,
+        "requests": {"submitted": n, "completed": n_done, "failed": n - n_done},
+        "failures": dict(sorted(table.failures.items())),
+        "throughput_rps": n_done / duration_s,
+        "goodput_rps": good / duration_s,
+        "slo_attainment": good / n if n else None,
         **latency_sections(done, percentiles),
-        "benchmark": benchmark(done, len(good), duration_s, percentiles),
-        "routes": dict(sorted(Counter(r.route or "unrouted" for r in records).items())),
-        "by_route": _by_route(records, byte_scale),
+        "benchmark": benchmark(done, good, duration_s, percentiles),
+        "routes": table.routes(),
+        "by_route": table.by_route(cols, byte_scale),
         "link": link_stats(history, byte_scale),
         "kv_bytes": {
-            "expected": float(sum(r.kv_wire_bytes_expected for r in records)) * byte_scale,
-            "sent": float(sum(r.kv_wire_bytes_sent for r in records)) * byte_scale,
-            "received": float(sum(r.kv_wire_bytes_received for r in records)) * byte_scale,
-            "cross_dc": float(sum(r.kv_wire_bytes_received for r in records if r.cross_dc))
-            * byte_scale,
+            "expected": float(table.kv_expected) * byte_scale,
+            "sent": float(table.kv_sent) * byte_scale,
+            "received": float(table.kv_received) * byte_scale,
+            "cross_dc": float(table.kv_cross_dc) * byte_scale,
         },
         "tokens": {
-            "input": sum(r.input_tokens for r in records),
-            "cached": sum(r.cached_tokens for r in records),
-            "output": sum(r.tokens_out for r in records),
+            "input": int(cols["input"].sum()),
+            "cached": int(cols["cached"].sum()),
+            "output": int(cols["tokens_out"].sum()),
         },
-        "cross_dc_bytes": _cross_dc_bytes(records, byte_scale),
-        "prefix_cache": _prefix_cache(records, byte_scale),
-        "retries": sum(r.retries for r in records),
+        "cross_dc_bytes": {
+            "kv": float(table.kv_cross_dc) * byte_scale,
+            "pulls": float(table.pulls["bytes"]) * byte_scale,
+            "total": float(table.kv_cross_dc) * byte_scale
+            + float(table.pulls["bytes"]) * byte_scale,
+        },
+        "prefix_cache": table.prefix_cache(cols, byte_scale),
+        "retries": table.retries,
         "queues": _queues(history),
         "engine": _engines(history),
-        "policy_thresholds": policy_thresholds(records, history),
-        "faults": [{"t": e.t, **e.data} for e in history if e.kind == "fault"],
-        "decisions": decisions(records, history, scale),
+        "policy_thresholds": policy_thresholds(table, history),
+        "faults": [{"t": e.t, **e.data} for e in events(history, "fault")],
+        "decisions": decisions(table, history, scale),
     }
-    if (reaction := router_reaction(records, history)) is not None:  # an external router's
+    # an external router's attempts (live only: the sim, whose table may hold no records, has none)
+    reaction = router_reaction(table.records, list(history)) if table.records is not None else None
+    if reaction is not None:
         summary["router_reaction"] = reaction
     if outside_policy(summary["decisions"]):  # its own threshold, the fallback's beside it
-        summary["policy_thresholds"] = policy_thresholds(records, history, outside=True)
+        summary["policy_thresholds"] = policy_thresholds(table, history, outside=True)
     for key, value in (extra or {}).items():
         if key in summary:
             raise ValueError(f"extra key {key!r} would overwrite a computed summary field")
@@ -359,7 +311,7 @@ def summarize(
 
 
 def decisions(
-    records: list[RequestRecord], history: list[HistoryEvent], scale: Scale
+    records: Sequence[RequestRecord] | RecordTable, history: Sequence[HistoryEvent], scale: Scale
 ) -> dict[str, Any]:
     """Who routed (policy or fallback), which policy the fallback is, why it decided (by
     `fallback_kind`), and how long decisions took, in wall milliseconds: ask-to-route
@@ -371,31 +323,27 @@ def decisions(
     virtual time, so it reports wall figures only, from its `decisions` event (its records
     carry none: same seed, same requests.jsonl). One latency per routed request (its last
     attempt's decision; testbed.policy.decider)."""
-    routed = [r for r in records if r.decided_by is not None]
-    by = Counter(r.decided_by for r in routed)
-    reasons = Counter(
-        fallback_kind(r.fallback_reason) for r in routed if r.decided_by == "fallback"
-    )
-    wall = wall_percentiles_ms([r.decision_wall_s for r in routed if r.decision_wall_s is not None])
-    answer = wall_percentiles_ms(
-        [r.decision_answer_s for r in routed if r.decision_answer_s is not None]
-    )
+    table = records if isinstance(records, RecordTable) else RecordTable.of(records)
+    routed = sum(table.decided.values())
+    wall = wall_percentiles_ms(table.decision_wall)
+    answer = wall_percentiles_ms(table.decision_answer)
     said: dict[str, Any] = {}  # the sim's decisions event, or the live router's (its /stats)
-    for e in history:
-        if e.kind == "decisions":
-            said.update(e.data)
+    for e in events(history, "decisions"):
+        said.update(e.data)
     sim = "wall_ms" in said
     if sim and not wall["n"]:
         wall = dict(said["wall_ms"])
         answer = dict(said.get("answer_wall_ms") or answer)
     clock = LiveClock.paced(scale)
-    first = next((r.fallback_reason for r in routed if r.decided_by == "fallback"), None)
     out: dict[str, Any] = {
-        "routed": len(routed),
-        "by": {"policy": by.get("policy", 0), "fallback": by.get("fallback", 0)},
+        "routed": routed,
+        "by": {
+            "policy": table.decided.get("policy", 0),
+            "fallback": table.decided.get("fallback", 0),
+        },
         "fallback": said.get("fallback"),
-        "fallback_reasons": dict(sorted(reasons.items())),
-        "first_fallback_reason": first,
+        "fallback_reasons": dict(sorted(table.fallback_kinds.items())),
+        "first_fallback_reason": table.first_fallback,
         "latency_wall_ms": wall,
         "answer_wall_ms": answer,
         "loop_lag_ms": said.get("loop_lag_ms"),

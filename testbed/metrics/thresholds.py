@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from testbed.metrics.history import events
 from testbed.metrics.records import HistoryEvent, RequestRecord
+from testbed.metrics.table import RecordTable
 
 __all__ = ["own_thresholds", "policy_thresholds", "scheduler_thresholds", "threshold_lines"]
 
@@ -30,15 +32,17 @@ def scheduler_thresholds(
     (`policy`: each change announced; the timeline adds the loop's `threshold` decisions)."""
     return sorted(
         (e.t, float(e.data["threshold_tokens"]))
-        for e in history
-        if e.kind in kinds and e.data.get("threshold_tokens") is not None
+        for e in events(history, *kinds)
+        if e.data.get("threshold_tokens") is not None
     )
 
 
-def own_thresholds(records: Sequence[RequestRecord]) -> Steps:
+def own_thresholds(records: Sequence[RequestRecord] | RecordTable) -> Steps:
     """(arrival, tokens) of every request the policy itself decided whose route named a
     threshold, by arrival: an outside policy's own threshold over the run (an HTTP answer's
     `route.threshold_tokens`, a plugin's `Route.threshold_tokens`)."""
+    if isinstance(records, RecordTable):
+        return sorted(records.own)
     return sorted(
         (r.arrival, float(r.threshold_tokens))
         for r in records
@@ -57,7 +61,9 @@ def _stats(steps: Steps) -> dict[str, Any]:
 
 
 def policy_thresholds(
-    records: Sequence[RequestRecord], history: Sequence[HistoryEvent], outside: bool = False
+    records: Sequence[RequestRecord] | RecordTable,
+    history: Sequence[HistoryEvent],
+    outside: bool = False,
 ) -> dict[str, Any]:
     """The summary's `policy_thresholds`: samples, min, max, last (tokens) of the threshold the
     policy routed by. A built-in's is the scheduler's; `outside` gives the policy's own
@@ -70,7 +76,7 @@ def policy_thresholds(
 
 
 def threshold_lines(
-    records: Sequence[RequestRecord], history: Sequence[HistoryEvent], outside: bool
+    records: Sequence[RequestRecord] | RecordTable, history: Sequence[HistoryEvent], outside: bool
 ) -> dict[str, tuple[Steps, str]]:
     """The timeline's threshold lines by legend label, with a matplotlib line style: the
     scheduler's as "threshold t" for a built-in; for an outside policy its own, solid, as

@@ -21,8 +21,10 @@ from typing import Any
 import numpy as np
 
 from testbed.metrics.files import atomic_path
+from testbed.metrics.history import RunHistory, events
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.metrics.summary import outside_policy, queue_depth_series
+from testbed.metrics.table import RecordTable
 from testbed.metrics.thresholds import threshold_lines
 
 __all__ = ["draw_run", "write_timeline"]
@@ -49,11 +51,16 @@ def _bin_width(span: float) -> float:
     return next(m * mag for m in (1.0, 2.0, 5.0, 10.0) if m * mag >= target)
 
 
-def _end_time(records: Sequence[RequestRecord], history: Sequence[HistoryEvent]) -> float:
-    times = [e.t for e in history]
-    for r in records:
-        times += [t for t in (r.arrival, r.first_token, r.last_token) if t is not None]
-    return max(times, default=1.0) or 1.0
+def _end_time(table: RecordTable, history: Sequence[HistoryEvent]) -> float:
+    if isinstance(history, RunHistory):
+        times = history.times()
+    else:
+        times = np.array([e.t for e in history], dtype=np.float64)
+    cols = table.columns()
+    times = np.concatenate(
+        [times, *(cols[k][~np.isnan(cols[k])] for k in ("arrival", "first", "last"))]
+    )
+    return (float(times.max()) if len(times) else 1.0) or 1.0
 
 
 def _no_data(ax: Any, what: str) -> None:
@@ -62,7 +69,7 @@ def _no_data(ax: Any, what: str) -> None:
 
 def write_timeline(
     path: Path,
-    records: Sequence[RequestRecord],
+    records: Sequence[RequestRecord] | RecordTable,
     history: Sequence[HistoryEvent],
     *,
     title: str,
@@ -80,13 +87,15 @@ def write_timeline(
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    end = _end_time(records, history)
+    table = records if isinstance(records, RecordTable) else RecordTable.of(records)
+    cols = table.columns()
+    end = _end_time(table, history)
     fig = Figure(figsize=(12, 11))
     # Fixed margins, not layout="constrained": the constrained layout measures every tick label
     # and legend in an extra draw pass, about a third of the drawing's CPU on every run. The
     # right margin holds the legends beside the panels.
     fig.subplots_adjust(left=0.07, right=0.79, top=0.94, bottom=0.05, hspace=0.22)
-    lines = threshold_lines(records, history, outside)
+    lines = threshold_lines(table, history, outside)
     FigureCanvasAgg(fig)
     axes = fig.subplots(4, 1, sharex=True)
     ax_arr, ax_q, ax_link, ax_ttft = axes
@@ -95,10 +104,10 @@ def write_timeline(
     # 1. Arrivals per second, stacked by route.
     width = _bin_width(end)
     edges = np.arange(0.0, end + width, width)
-    routes = sorted({r.route or "unrouted" for r in records})
+    routes = sorted(set(table.route_names))
     bottom = np.zeros(len(edges) - 1)
     for route in routes:
-        arrivals = [r.arrival for r in records if (r.route or "unrouted") == route]
+        arrivals = cols["arrival"][table.route_mask(cols, route)]
         counts, _ = np.histogram(arrivals, bins=edges)
         top = bottom + counts / width
         ax_arr.stairs(
@@ -111,7 +120,7 @@ def write_timeline(
             label=f"{route} ({len(arrivals)})",
         )
         bottom = top
-    if records:  # beside the threshold's axis when there is one
+    if len(table):  # beside the threshold's axis when there is one
         beside = {**_LEGEND, "bbox_to_anchor": (1.07, 1.0)} if lines else _LEGEND
         ax_arr.legend(**beside, title="route (requests)", title_fontsize=8)
     else:
@@ -120,7 +129,7 @@ def write_timeline(
     ax_arr.set_title(f"Arrivals per second by route ({width:g} s bins)", **_TITLE)
 
     # 2. Queue depth per cluster/role (summed over instances).
-    series = queue_depth_series(list(history))
+    series = queue_depth_series(history)
     for group, (ts, depths) in series.items():
         ax_q.step(ts, depths, where="post", color=_GROUP_COLORS.get(group), label=group)
     if series:
@@ -132,7 +141,7 @@ def write_timeline(
     ax_q.set_title("Queue depth per cluster/role (sum over instances)", **_TITLE)
 
     # 3. Link throughput: measured over each sample interval vs configured bandwidth.
-    link = sorted((e for e in history if e.kind == "link"), key=lambda e: e.t)
+    link = sorted(events(history, "link"), key=lambda e: e.t)
     if link:
         t = [e.t for e in link]
         measured = [float(e.data.get("gbps") or 0.0) for e in link]
@@ -171,16 +180,12 @@ def write_timeline(
 
     # 4. TTFT per request at its arrival time, by route; failures along the bottom.
     for route in routes:
-        pts = [
-            (r.arrival, ttft)
-            for r in records
-            if (r.route or "unrouted") == route and (ttft := r.ttft) is not None
-        ]
-        if pts:
-            xs, ys = zip(*pts, strict=True)
+        has = table.route_mask(cols, route) & ~np.isnan(cols["ttft"])
+        if has.any():
+            xs, ys = cols["arrival"][has], cols["ttft"][has]
             ax_ttft.scatter(xs, ys, s=8, alpha=0.7, color=_ROUTE_COLORS.get(route), label=route)
-    failed = [r.arrival for r in records if r.status != "completed"]
-    if failed:
+    failed = cols["arrival"][~cols["done"]]
+    if len(failed):
         ax_ttft.scatter(
             failed,
             [0.0] * len(failed),
@@ -194,7 +199,7 @@ def write_timeline(
         ax_ttft.axhline(
             ttft_slo_s, color="red", linestyle="--", linewidth=1, label=f"TTFT SLO {ttft_slo_s:g} s"
         )
-    if records:
+    if len(table):
         ax_ttft.legend(**_LEGEND)
     else:
         _no_data(ax_ttft, "requests")
@@ -222,7 +227,7 @@ def write_timeline(
             ax_t.legend(loc="lower left", bbox_to_anchor=(1.04, 0.0), fontsize=7)
         ax_t.set_ylim(bottom=0)
         ax_t.set_ylabel("t (K tokens)")
-    for e in history:
+    for e in events(history, "split", "fault"):
         if e.kind == "split":
             label = f"PD {e.data.get('n_prefill')}/{e.data.get('n_decode')}"
             _mark(axes, ax_q, e.t, label, "darkgreen", "--")
@@ -239,7 +244,7 @@ def write_timeline(
 
 def draw_run(
     out_dir: Path,
-    records: Sequence[RequestRecord],
+    records: Sequence[RequestRecord] | RecordTable,
     history: Sequence[HistoryEvent],
     summary: dict[str, Any],
 ) -> Path:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from testbed import __version__
 from testbed.checkers import run_checkers
@@ -15,7 +16,9 @@ from testbed.metrics.bench import run_metadata
 from testbed.metrics.files import atomic_write
 from testbed.metrics.records import HistoryEvent, RequestRecord, write_jsonl
 from testbed.metrics.report import write_report
+from testbed.metrics.stream import RecordFile
 from testbed.metrics.summary import summarize
+from testbed.metrics.table import RecordTable
 from testbed.metrics.timeline import draw_run
 from testbed.scenario.plan import RunOptions, RunPlan, RunResult
 
@@ -26,8 +29,8 @@ def write_results(
     rp: RunPlan,
     opts: RunOptions,
     submitted: list[str],
-    records: list[RequestRecord],
-    history: list[HistoryEvent],
+    records: list[RequestRecord] | RecordTable,
+    history: Sequence[HistoryEvent],
     notes: list[str],
     interrupted: bool,
     *,
@@ -36,11 +39,20 @@ def write_results(
 ) -> RunResult:
     """Write every result file; `summary.wall` says where the wall time went: running the
     deployment (`simulate_s`, live or simulated), these results (`results_s`) and the whole
-    command from `started` (a time.perf_counter reading) to the last file."""
+    command from `started` (a time.perf_counter reading) to the last file.
+
+    `records` may be a `RecordTable` of records already written to requests.jsonl as they
+    finished (the sim, testbed.metrics.stream): the summary and the timeline read the table, the
+    checkers the file."""
     began = time.perf_counter()
     out: Path = opts.out_dir
     sc = rp.scenario
-    write_jsonl(out / "requests.jsonl", (r.to_json() for r in records))
+    checked: Sequence[RequestRecord]
+    if isinstance(records, RecordTable):
+        checked = records.records or RecordFile(out / "requests.jsonl", len(records))
+    else:
+        write_jsonl(out / "requests.jsonl", (r.to_json() for r in records))
+        checked = records
     extra: dict[str, Any] = {
         "scenario": sc.name,
         "deployment": rp.deployment_name,
@@ -83,7 +95,7 @@ def write_results(
         percentiles=opts.percentiles,
     )
     checks = run_checkers(
-        records,
+        checked,
         submitted,
         history=history,
         configs=sc.checkers,
@@ -109,4 +121,8 @@ def write_results(
     }
     atomic_write(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     write_report(out, sc.name, summary, checks, notes)
-    return RunResult(out, records, history, summary, checks, interrupted, notes)
+    # RunResult's records: any sequence of them (a RecordFile reads requests.jsonl back)
+    return RunResult(
+        out, cast(list[RequestRecord], checked), cast(list[HistoryEvent], history), summary,
+        checks, interrupted, notes,
+    )  # fmt: skip

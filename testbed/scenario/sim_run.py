@@ -9,6 +9,7 @@ import time
 
 from testbed.clock import Scale
 from testbed.metrics.files import write_jsonl_atomic
+from testbed.metrics.stream import RecordStream
 from testbed.policy.http import HttpSpec, SchedulerProcess, is_http_spec
 from testbed.scenario.plan import RunOptions, RunPlan, RunResult
 from testbed.scenario.results import write_results
@@ -48,18 +49,21 @@ def run_sim(rp: RunPlan, opts: RunOptions, started: float | None = None) -> RunR
         process.start()
     try:
         t0 = time.perf_counter()
-        out = simulate(sim_inputs(rp, opts))
+        # requests.jsonl written as records finish; the summary reads their table
+        out = simulate(sim_inputs(rp, opts), RecordStream(opts.out_dir / "requests.jsonl"))
         simulate_s = time.perf_counter() - t0
     finally:
         if process is not None:
             process.stop()
-    write_jsonl_atomic(opts.out_dir / "history.jsonl", (e.to_json() for e in out.history))
+    history = out.run_history
+    assert out.table is not None and history is not None
+    write_jsonl_atomic(opts.out_dir / "history.jsonl", history.docs())
     return write_results(
         rp,
         opts,
         out.submitted,
-        out.records,
-        out.history,
+        out.table,
+        history,
         out.notes,
         False,
         simulate_s=simulate_s,

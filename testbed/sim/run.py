@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from testbed.clock import LiveClock, Scale
 from testbed.config import (
@@ -22,6 +23,7 @@ from testbed.config import (
 from testbed.dispatch.rules import HEALTH_INTERVAL_S
 from testbed.engine.timing import exact_timing
 from testbed.kvcache.manager import KVCacheManager, cluster_capacities
+from testbed.metrics.history import RunHistory
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.metrics.samples import (
     SAMPLE_INTERVAL_S,
@@ -30,6 +32,8 @@ from testbed.metrics.samples import (
     link_event,
     queue_events,
 )
+from testbed.metrics.stream import RecordStream
+from testbed.metrics.table import RecordTable
 from testbed.nemesis import NemesisPlayer, PlannedFault, stop_player
 from testbed.policy.decider import Decider, wall_percentiles_ms
 from testbed.profiles import MODELS
@@ -75,10 +79,16 @@ class SimInputs:
 class SimOutput:
     submitted: list[str]
     records: list[RequestRecord]
+    """Every request's record in submission order; empty when they went to a `RecordStream`."""
     history: list[HistoryEvent]
+    """The events in time order; empty when streamed (then `run_history`)."""
     notes: list[str]
     events: int = 0
     """Timer callbacks the virtual loop ran (a measure of the sim's work)."""
+    table: RecordTable | None = None
+    """With a `RecordStream`: its table, what the summary reads instead of the records."""
+    run_history: RunHistory | None = None
+    """With a `RecordStream`: the history, its queue samples as columns."""
 
 
 def _instances(inp: SimInputs, loop: asyncio.AbstractEventLoop) -> list[SimInstance]:
@@ -116,14 +126,14 @@ def _instances(inp: SimInputs, loop: asyncio.AbstractEventLoop) -> list[SimInsta
     return out
 
 
-async def _run(inp: SimInputs) -> SimOutput:
+async def _run(inp: SimInputs, stream: RecordStream | None) -> SimOutput:
     loop = asyncio.get_running_loop()
     clock = VirtualClock(loop)
     dep = inp.deployment
     # the clock the live services would run on: it converts their wall-time constants
     live = LiveClock.paced(inp.scale, epoch=0.0)
     model = MODELS[dep.model]
-    history: list[HistoryEvent] = []
+    history: list[HistoryEvent] | RunHistory = [] if stream is None else RunHistory()
     notes: list[str] = []
     link = (
         SimLink(loop, dep.link.bandwidth, dep.link.rtt, dep.link.jitter, inp.seed)
@@ -132,7 +142,7 @@ async def _run(inp: SimInputs) -> SimOutput:
     )
     instances = _instances(inp, loop)
     state = SchedulerState(clock, inp.threshold_tokens)
-    scheduler_history(state, history)
+    scheduler_history(state, cast(list[HistoryEvent], history))  # appends only
     hardware = {"local": dep.local.hardware}
     if dep.prfaas is not None:
         hardware["prfaas"] = dep.prfaas.hardware
@@ -153,6 +163,12 @@ async def _run(inp: SimInputs) -> SimOutput:
         if len(records) >= total and not done.done():
             done.set_result(None)
 
+    def on_streamed(rec: RequestRecord) -> None:
+        assert stream is not None
+        stream.put(rec)
+        if stream.received >= total and not done.done():
+            done.set_result(None)
+
     decider = Decider.for_spec(inp.policy, inp.policy_config)
     decider.answer_walls = []  # summarised in the `decisions` event (records keep none here)
     dispatcher = SimDispatcher(
@@ -162,7 +178,7 @@ async def _run(inp: SimInputs) -> SimOutput:
         control,
         inp.scale.byte_scale,
         live,
-        on_record,
+        on_record if stream is None else on_streamed,
     )
     history.extend(inp.layout.start_events())
     submitted: list[str] = []
@@ -175,6 +191,8 @@ async def _run(inp: SimInputs) -> SimOutput:
         while i < len(arrivals) and arrivals[i].arrival <= loop.time():
             spec = arrivals[i]
             submitted.append(spec.id)
+            if stream is not None:
+                stream.submitted(spec.id)
             dispatcher.submit(spec)
             i += 1
         if i < len(arrivals):
@@ -190,7 +208,10 @@ async def _run(inp: SimInputs) -> SimOutput:
     )
     tasks = [
         loop.create_task(_sample(cluster, history, live.real(SAMPLE_INTERVAL_S))),
-        loop.create_task(NemesisPlayer(ctx, inp.faults, history, clock).run()),
+        # the player appends only
+        loop.create_task(
+            NemesisPlayer(ctx, inp.faults, cast(list[HistoryEvent], history), clock).run()
+        ),
     ]
     if control is not None:
         tasks.append(loop.create_task(control.run_short_term()))
@@ -200,7 +221,7 @@ async def _run(inp: SimInputs) -> SimOutput:
     try:
         await asyncio.wait_for(asyncio.shield(done), last + live.real(inp.drain_timeout_s))
     except TimeoutError:
-        left = total - len(records)
+        left = total - (len(records) if stream is None else stream.received)
         notes.append(
             f"{left} requests unfinished after the {inp.drain_timeout_s:.0f}s drain timeout"
         )
@@ -220,12 +241,19 @@ async def _run(inp: SimInputs) -> SimOutput:
         "fallback": decider.fallback_name,
     }))  # fmt: skip
     _engine_events(instances, history, loop.time())
+    if stream is not None:  # in time order as it iterates (RunHistory)
+        stream.close()
+        assert isinstance(history, RunHistory)
+        return SimOutput(submitted, [], [], notes, table=stream.table, run_history=history)
+    assert isinstance(history, list)
     history.sort(key=lambda e: e.t)
     ordered = [records[i] for i in submitted if i in records]
     return SimOutput(submitted, ordered, history, notes)
 
 
-async def _sample(cluster: SimCluster, history: list[HistoryEvent], every: float) -> None:
+async def _sample(
+    cluster: SimCluster, history: list[HistoryEvent] | RunHistory, every: float
+) -> None:
     """Queue depths (the router's outstanding counts) and the link's bytes, as live."""
     loop = cluster.loop
     link = cluster.link
@@ -235,7 +263,11 @@ async def _sample(cluster: SimCluster, history: list[HistoryEvent], every: float
     while True:
         t = loop.time()
         depth = cluster.outstanding
-        history.extend(queue_events(t, ((i.id, i.cluster, i.role, depth[i.id]) for i in instances)))
+        rows = ((i.id, i.cluster, i.role, depth[i.id]) for i in instances)
+        if isinstance(history, RunHistory):
+            history.add_queue(t, rows)
+        else:
+            history.extend(queue_events(t, rows))
         if link is not None:
             total = link.carried()
             gbps = rate(t, total) * 8 / 1e9
@@ -243,7 +275,9 @@ async def _sample(cluster: SimCluster, history: list[HistoryEvent], every: float
         await asyncio.sleep(every)
 
 
-def _engine_events(instances: list[SimInstance], history: list[HistoryEvent], t: float) -> None:
+def _engine_events(
+    instances: list[SimInstance], history: list[HistoryEvent] | RunHistory, t: float
+) -> None:
     """Each instance's engine statistics, as live (modelled time is exact: no lateness)."""
     for inst in instances:
         steps = sum(e.steps for e in inst.engines() if isinstance(e, SimDecode))
@@ -251,9 +285,16 @@ def _engine_events(instances: list[SimInstance], history: list[HistoryEvent], t:
         history.append(engine_event(t, inst.id, exact_timing(steps, ops)))
 
 
-def simulate(inp: SimInputs) -> SimOutput:
-    """Run one scenario's plan in virtual time (testbed.sim.loop)."""
-    return run_virtual(_run(inp))
+def simulate(inp: SimInputs, stream: RecordStream | None = None) -> SimOutput:
+    """Run one scenario's plan in virtual time (testbed.sim.loop). With `stream`, each record
+    goes to it as it finishes (requests.jsonl written as the run goes, testbed.metrics.stream)
+    and the history keeps its queue samples as columns, so neither is held whole."""
+    try:
+        return run_virtual(_run(inp, stream))
+    except BaseException:
+        if stream is not None:
+            stream.abort()
+        raise
 
 
 def refuse_unmodelled(name: str, dep: DeploymentConfig) -> None:
