@@ -43,6 +43,7 @@ from testbed.experiment import (
     Run,
     Setting,
     completion_rate,
+    headline,
     run_experiment,
     settings_of,
     steady_window,
@@ -159,7 +160,7 @@ def drop_measure(run: Run) -> dict[str, Any]:
     return {
         "p90_during_s": ttft_p90(run.records, fault.at, fault.at + fault.for_),
         "p90_before_s": ttft_p90(run.records, fault.at - fault.for_, fault.at),
-        "failed": run.summary["requests"]["failed"],
+        "failed": headline(run.summary)["failed"],
         "requests": len(run.records),
     }
 
@@ -171,11 +172,11 @@ def dynamic_job(name: str, policy: str, seed: int, knobs: dict[str, Any] | None 
 
 
 def dynamic_measure(run: Run) -> dict[str, Any]:
-    s = run.summary
+    h = headline(run.summary)
     return {
-        "slo_attainment": s["slo_attainment"],
-        "p90_ttft_s": s["ttft_s"]["p90"],
-        "failed": s["requests"]["failed"],
+        "slo_attainment": h["slo_attainment"],
+        "p90_ttft_s": h["ttft_p90_s"],
+        "failed": h["failed"],
         "requests": len(run.records),
     }
 
@@ -204,7 +205,7 @@ def saturation_job(
 def saturation_measure(run: Run) -> dict[str, Any]:
     return {
         "rate_rps": completion_rate(run.records, *steady_window(run.duration_s)),
-        "p90_ttft_s": run.summary["ttft_s"]["p90"],
+        "p90_ttft_s": headline(run.summary)["ttft_p90_s"],
         "planner_rps": run.plan.plan.lambda_max_rps,
     }
 
@@ -748,4 +749,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.experiment import Grid
+from testbed.experiment import Grid, headline
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.runner import run_scenario
 
@@ -60,19 +60,15 @@ def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
     s = result.summary
     cache = s["prefix_cache"]
     return {
-        "requests": s["requests"]["submitted"],
-        "completed": s["requests"]["completed"],
+        **headline(s),
         "cross_dc_gb": s["cross_dc_bytes"]["total"] / 1e9,
         "kv_gb": s["cross_dc_bytes"]["kv"] / 1e9,
         "pull_gb": s["cross_dc_bytes"]["pulls"] / 1e9,
         "ttft_mean": s["ttft_s"]["mean"],
-        "ttft_p90": s["ttft_s"]["p90"],
         "hit_prfaas": cache["clusters"]["prfaas"]["hit_tokens"],
         "hit_local": cache["clusters"]["local"]["hit_tokens"],
         "input_tokens": s["tokens"]["input"],
-        "pulls_ok": cache["pulls"]["ok"],
-        "pulls_asked": cache["pulls"]["asked"],
-        "pulls_skipped": cache["pulls"]["skipped"],
+        "pulls": cache["pulls"],
         "routes": s["routes"],
         "rate": rp.rate_rps,
         "window": window,
@@ -116,11 +112,11 @@ def main() -> int:
     for policy, r in rows.items():
         routes = ", ".join(f"{k} {v}" for k, v in sorted(r["routes"].items()))
         split = f"({r['kv_gb']:.1f} + {r['pull_gb']:.1f})"
-        pulls = f"{r['pulls_ok']}/{r['pulls_asked']}"
+        pulls = f"{r['pulls']['ok']}/{r['pulls']['asked']}"
         print(
             f"{policy:15} {r['requests']:>8d} {r['completed']:>5d} {r['cross_dc_gb']:>11.1f} "
             f"{split:>15} {r['ttft_mean']:>8.2f}s "
-            f"{r['ttft_p90']:>7.2f}s {r['hit_prfaas']:>11,d} {r['hit_local']:>10,d} "
+            f"{r['ttft_p90_s']:>7.2f}s {r['hit_prfaas']:>11,d} {r['hit_local']:>10,d} "
             f"{pulls:>14} {routes:>22}"
         )
     a, b = rows["prfaas"], rows["prfaas-nocache"]
@@ -128,13 +124,13 @@ def main() -> int:
         "\ncache-aware vs cache-blind: cross-DC bytes "
         f"{reduction(a['cross_dc_gb'], b['cross_dc_gb'])}, mean TTFT "
         f"{reduction(a['ttft_mean'], b['ttft_mean'])}, p90 TTFT "
-        f"{reduction(a['ttft_p90'], b['ttft_p90'])} (positive = cache-aware lower)"
+        f"{reduction(a['ttft_p90_s'], b['ttft_p90_s'])} (positive = cache-aware lower)"
     )
     hits_a = (a["hit_prfaas"] + a["hit_local"]) / a["input_tokens"]
     hits_b = (b["hit_prfaas"] + b["hit_local"]) / b["input_tokens"]
     print(
         f"prefix tokens reused: {hits_a:.1%} of input (cache-aware) vs {hits_b:.1%} "
-        f"(cache-blind); pulls skipped (local -> PrfaaS, not carried): {a['pulls_skipped']}"
+        f"(cache-blind); pulls skipped (local -> PrfaaS, not carried): {a['pulls']['skipped']}"
     )
     for policy, r in rows.items():
         te = r["timing_error"]
@@ -146,4 +142,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

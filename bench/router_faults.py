@@ -43,6 +43,7 @@ from provenance import provenance  # bench/provenance.py: the script's directory
 
 from testbed.config import ScaleConfig
 from testbed.config.router import ExternalRouterConfig
+from testbed.experiment import headline
 from testbed.scenario.external_run import run_external
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.runner import run_scenario
@@ -101,12 +102,8 @@ async def one_run(who: str, fault: str, out: Path) -> dict[str, Any]:
         "who": who,
         "fault": fault,
         "wall_s": time.perf_counter() - begun,
-        "submitted": s["requests"]["submitted"],
-        "completed": s["requests"]["completed"],
-        "failed": s["requests"]["failed"],
+        **headline(s),
         "checks": {n: checks.get(n, "absent") for n in CHECKS},
-        "slo_attainment": s["slo_attainment"],
-        "ttft_p90_s": s["ttft_s"]["p90"],
         "prfaas_routed": s["routes"].get("prfaas", 0),
         "retries": s["retries"],
         "failures": s["failures"],
@@ -176,7 +173,7 @@ def render(rows: list[dict[str, Any]], prov: str) -> str:
         x = r["reaction"] or {}
         att = r["slo_attainment"]
         lines.append(
-            f"| {r['who']} | {r['fault']} | {r['submitted']} | {r['completed']} | "
+            f"| {r['who']} | {r['fault']} | {r['requests']} | {r['completed']} | "
             f"{r['failed']} | {'ok' if lost_ok else r['checks']} | "
             f"{'-' if att is None else f'{att:.1%}'} | {_f(r['ttft_p90_s'])} | "
             f"{r['prfaas_routed']} | {r['retries']} | {r['orphans'] if x else '-'} | "
@@ -235,4 +232,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from testbed.experiment import headline
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.runner import run_scenario
 from testbed.scenario.schema import load_scenario
@@ -64,10 +65,11 @@ def figures(
     total = sum(routes.values()) or 1
     link = summary.get("link") or {}
     payload = sum(r.kv_wire_bytes_sent or 0 for r in records if r.cross_dc) * byte_scale
+    h = headline(summary)
     return {
-        "throughput": summary["throughput_rps"],
-        "ttft_p50": summary["ttft_s"]["p50"],
-        "ttft_p90": summary["ttft_s"]["p90"],
+        "throughput": h["throughput_rps"],
+        "ttft_p50": h["ttft_p50_s"],
+        "ttft_p90": h["ttft_p90_s"],
         "link_gbps": (link.get("bytes") or 0.0) * 8 / 1e9 / horizon,
         "prfaas_share": 100.0 * routes.get("prfaas", 0) / total,
         "run_gbps": link.get("mean_gbps") or 0.0,

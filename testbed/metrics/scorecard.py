@@ -43,10 +43,12 @@ from testbed.policy.decider import describe
 __all__ = [
     "ATTAINMENT_TIE",
     "GOODPUT_TIE",
+    "HEADLINE",
     "METRICS",
     "TTFT_TIE",
     "compare",
     "fault_window",
+    "headline",
     "mean_rows",
     "not_judged",
     "overall_text",
@@ -89,6 +91,32 @@ def window_percentile(
     return a + (b - a) * (pos - i)
 
 
+HEADLINE = {
+    "requests": "requests.submitted",
+    "completed": "requests.completed",
+    "failed": "requests.failed",
+    "throughput_rps": "throughput_rps",
+    "goodput_rps": "goodput_rps",
+    "slo_attainment": "slo_attainment",
+    "ttft_p50_s": "ttft_s.p50",
+    "ttft_p90_s": "ttft_s.p90",
+    "ttft_p99_s": "ttft_s.p99",
+}
+"""A run's headline figures: flat name -> its dotted path in the summary (summary.json)."""
+
+
+def headline(summary: dict[str, Any]) -> dict[str, Any]:
+    """The headline figures of a summary (testbed.metrics.summary.summarize), flat, in
+    `HEADLINE`'s order: the first columns of a scorecard's run row."""
+    out: dict[str, Any] = {}
+    for name, path in HEADLINE.items():
+        value: Any = summary
+        for key in path.split("."):
+            value = value[key]
+        out[name] = value
+    return out
+
+
 def run_row(
     records: list[RequestRecord],
     history: list[HistoryEvent],
@@ -103,15 +131,7 @@ def run_row(
     s = summarize(records, history, duration_s=duration_s, slo=slo, scale=scale)
     w = window_percentile(records, *window)
     return {
-        "requests": s["requests"]["submitted"],
-        "completed": s["requests"]["completed"],
-        "failed": s["requests"]["failed"],
-        "throughput_rps": s["throughput_rps"],
-        "goodput_rps": s["goodput_rps"],
-        "slo_attainment": s["slo_attainment"],
-        "ttft_p50_s": s["ttft_s"]["p50"],
-        "ttft_p90_s": s["ttft_s"]["p90"],
-        "ttft_p99_s": s["ttft_s"]["p99"],
+        **headline(s),
         "window_s": [window[0], window[1]],
         "ttft_p90_window_s": None if w is None or math.isinf(w) else w,
         "window_lost": w is not None and math.isinf(w),
