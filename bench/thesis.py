@@ -38,6 +38,7 @@ from testbed.experiment import (
     Run,
     Substrate,
     completion_rate,
+    headline,
     in_window,
     percentile,
     run_scenario_once,
@@ -106,7 +107,7 @@ def measure(scenario: Scenario, policy: str, substrate: Substrate) -> dict[str, 
     prfaas = [r.ttft for r in steady if r.ttft is not None and r.route == "prfaas"]
     mean_gbps, use = link_use(result.history, lo, hi)
     thresholds = [e.data["threshold_tokens"] for e in result.history if e.kind == "policy"]
-    s = result.summary
+    h = headline(result.summary)
     return {
         "offered": rp.rate_rps,
         "link_gbps": mean_gbps,
@@ -114,10 +115,10 @@ def measure(scenario: Scenario, policy: str, substrate: Substrate) -> dict[str, 
         "ttft_p90": percentile(ttft, 90),
         "prfaas_ttft_p90": percentile(prfaas, 90),
         "prfaas_share": len(prfaas) / len(ttft) if ttft else 0.0,
-        "goodput": s["goodput_rps"],
-        "slo_attainment": s["slo_attainment"],
-        "failed": s["requests"]["failed"],
-        "submitted": s["requests"]["submitted"],
+        "goodput": h["goodput_rps"],
+        "slo_attainment": h["slo_attainment"],
+        "failed": h["failed"],
+        "submitted": h["requests"],
         "t_end": thresholds[-1] if thresholds else None,
     }
 
@@ -126,13 +127,13 @@ def viable_bandwidth(base: Scenario, deployment: str, rate: float, t: float | No
     """Smallest link (Gbps, 1 Gbps steps up to 2 Tbps) whose plan carries `rate`."""
     dep = base.deployments[deployment]
     inputs = plan_inputs(base)
-    for gbps in range(1, 2001):
-        plan = plan_deployment(
-            deployment, dep, inputs, link_bytes_per_s=gbps * 1e9 / 8, threshold_tokens=t
-        )
-        if plan.lambda_max_rps >= rate:
-            return float(gbps)
-    return None
+
+    def carries(gbps: int) -> bool:
+        link = gbps * 1e9 / 8
+        plan = plan_deployment(deployment, dep, inputs, link_bytes_per_s=link, threshold_tokens=t)
+        return plan.lambda_max_rps >= rate
+
+    return next((float(gbps) for gbps in range(1, 2001) if carries(gbps)), None)
 
 
 def viable_bandwidth_sim(
@@ -152,19 +153,15 @@ def viable_bandwidth_sim(
     return None, steps
 
 
-HINDSIGHT_T = (10_000, 15_000, 17_500, 19_500, 21_000, 22_000, 23_000, 25_000, 30_000, 40_000)
-"""Fixed thresholds tried for the dense model's best goodput in hindsight (sim)."""
-
-
 def hindsight_goodput(base: Scenario, duration: float) -> list[tuple[float, float]]:
     """The dense model's goodput on the sim under prfaas-static at each fixed threshold of
-    HINDSIGHT_T (the running PD split, the scenario's seed and rate): `testbed hindsight`'s
-    search (testbed.scenario.hindsight.best_fixed) on the dense deployment."""
+    `testbed hindsight`'s grid (testbed.scenario.hindsight.default_thresholds: the planner's t
+    x 1/4 ... 2.83; the running PD split, the scenario's seed and rate): its search
+    (testbed.scenario.hindsight.best_fixed) on the dense deployment."""
     result = best_fixed(
         SCENARIO,
         [base.seed],
         "goodput",
-        thresholds=HINDSIGHT_T,
         sweep_split=False,
         overrides=[("deployment", DENSE), ("duration", f"{duration:g}s")],
     )
@@ -205,6 +202,11 @@ def plot(
     plt.close(fig)
 
 
+def names(text: str) -> list[str]:
+    """A comma-separated option's names (`--policies`, `--models`)."""
+    return text.split(",")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--duration", type=parse_duration, default=240.0, help="real-world per run")
@@ -212,7 +214,11 @@ def main() -> int:
     ap.add_argument(
         "--policies",
         default=",".join(POLICIES),
+        type=names,
         help="comma-separated policies to run (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--models", type=names, help="comma-separated deployments of thesis.yaml (default: all)"
     )
     ap.add_argument("--skip-saturation", action="store_true")
     ap.add_argument(
@@ -220,14 +226,13 @@ def main() -> int:
         action="store_true",
         help="skip the sim's search for the link at which the dense model becomes viable",
     )
-    ap.add_argument("--models", help="comma-separated deployments of thesis.yaml (default: all)")
     ap.add_argument("--reports", type=Path, default=REPORTS, help="where thesis.md/.png go")
     args = ap.parse_args()
     load_before = os.getloadavg()
     base = load_scenario(SCENARIO)
     rate = base.workload.arrivals.rate or 0.0
     inputs = plan_inputs(base)
-    policies = args.policies.split(",")
+    policies: list[str] = args.policies
     lines = [f"# The paper's thesis, live ({args.substrate}, {args.duration:.0f}s per run)", ""]
 
     lines += ["## Planner, t fixed at 19.5K, 100 Gbps", ""]
@@ -271,7 +276,7 @@ def main() -> int:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     print("\n".join(table), flush=True)
-    models = args.models.split(",") if args.models else list(base.deployments)
+    models: list[str] = args.models or list(base.deployments)
     for name in models:
         for policy in policies:
             r = measure(variant(name, duration=args.duration), policy, args.substrate)
@@ -341,4 +346,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -11,7 +11,9 @@ An AST scan of bench/*.py finds the shapes a copy takes:
 - P90 over a window: a chained comparison on an `.arrival` (`lo <= r.arrival < hi`, the window
   filter), or numpy's percentile (`np.percentile`, `np.quantile`) called with the literal 90
   (testbed.metrics.window.percentile is the one to call);
-- threshold grid: a name containing THRESHOLD bound to a literal list or tuple of numbers.
+- threshold grid: a name containing THRESHOLD bound to a literal list or tuple of numbers, or
+  such a literal (or a name bound to one, whatever it is called) given as a `thresholds=`
+  keyword (best_fixed's) or as the values of a `policy.threshold` axis.
 
 Each planted form is shown to be found (`test_each_planted_copy_is_found`).
 """
@@ -32,10 +34,51 @@ def _is_number(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and isinstance(node.value, int | float)
 
 
+def _numbers(node: ast.AST) -> bool:
+    """A literal list or tuple of two or more numbers."""
+    return (
+        isinstance(node, ast.Tuple | ast.List)
+        and len(node.elts) >= 2
+        and all(_is_number(e) for e in node.elts)
+    )
+
+
+def _grids_given(tree: ast.AST) -> list[str]:
+    """Threshold grids handed to a search: a literal of numbers (or a name bound to one) as a
+    `thresholds=` keyword or as the values of a dict key naming a threshold (a Grid axis)."""
+    named = {
+        t.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and _numbers(node.value)
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
+
+    def literal(v: ast.AST) -> bool:
+        return _numbers(v) or (isinstance(v, ast.Name) and v.id in named)
+
+    found: list[str] = []
+    for node in ast.walk(tree):
+        given: list[tuple[str, ast.AST]] = []
+        if isinstance(node, ast.Call):
+            given = [(k.arg, k.value) for k in node.keywords if k.arg]
+        elif isinstance(node, ast.Dict):
+            given = [
+                (k.value, v)
+                for k, v in zip(node.keys, node.values, strict=True)
+                if isinstance(k, ast.Constant) and isinstance(k.value, str)
+            ]
+        for key, value in given:
+            if "threshold" in key.lower() and literal(value):
+                found.append(f"{node.lineno}: a threshold grid ({key}={ast.unparse(value)})")
+    return found
+
+
 def _copies(source: str) -> list[str]:
     """What in `source` is a window metric or a threshold grid of its own, one line each."""
-    found: list[str] = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    found: list[str] = _grids_given(tree)
+    for node in ast.walk(tree):
         line = getattr(node, "lineno", 0)
         if (
             isinstance(node, ast.BinOp)
@@ -74,12 +117,7 @@ def _copies(source: str) -> list[str]:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names = [t.id for t in targets if isinstance(t, ast.Name)]
             value = node.value
-            if (
-                any("THRESHOLD" in n.upper() for n in names)
-                and isinstance(value, ast.Tuple | ast.List)
-                and len(value.elts) >= 2
-                and all(_is_number(e) for e in value.elts)
-            ):
+            if any("THRESHOLD" in n.upper() for n in names) and _numbers(value):
                 found.append(f"{line}: a threshold grid ({', '.join(names)})")
     return found
 
@@ -100,6 +138,9 @@ PLANTED = {
     "ends": "done = sum(1 for r in recs if after <= r.last_token < until)\n",
     "p90": "p = float(np.percentile(vals, 90))\n",
     "grid": "THRESHOLDS = (2_000, 5_000, 10_000)\n",
+    "grid-passed": "best_fixed(sc, [1], 'goodput', thresholds=[10_000, 20_000])\n",
+    "grid-named": "T = (10_000, 20_000)\nbest_fixed(sc, [1], 'goodput', thresholds=T)\n",
+    "grid-axis": "g = Grid.of('paper', axes={'policy.threshold': (10_000, 20_000)})\n",
 }
 
 
