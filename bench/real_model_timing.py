@@ -61,7 +61,7 @@ def _timed(step: Callable[[], object], steps: int) -> tuple[float, float]:
     return statistics.median(wall) * 1e3, statistics.median(cpu) * 1e3
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--context", type=int, default=148, help="prompt tokens per request")
     ap.add_argument("--steps", type=int, default=20, help="steps timed per measurement")
@@ -73,10 +73,8 @@ def main() -> None:
     seqs: list[tuple[KVState, int]] = []
     for _ in range(max(BATCHES)):
         run = model.prefill([rng.randrange(model.config.vocab_size) for _ in range(args.context)])
-        for _ in run:
-            pass
-        assert run.first_token is not None
-        seqs.append((run.state, run.first_token))
+        first = run.finish()
+        seqs.append((run.state, first))
     print(f"decode step, {args.context}-token contexts (median of {args.steps} steps, ms)")
     print(f"{'batch':>5}  {'before wall':>11}  {'before cpu':>10}  {'after wall':>10}  "
           f"{'after cpu':>9}  {'cpu speed-up':>12}")  # fmt: skip
@@ -109,7 +107,8 @@ def main() -> None:
         f"(margin {cal.get('margin')}x; limited by {cal.get('limited_by')})"
     )
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

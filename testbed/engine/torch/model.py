@@ -87,6 +87,13 @@ class PrefillRun:
     def __iter__(self) -> Iterator[int]:
         return self.model._prefill_layers(self)
 
+    def finish(self) -> int:
+        """Run the prefill to its end (every layer); the first token."""
+        for _ in self:
+            pass
+        assert self.first_token is not None
+        return self.first_token
+
 
 class TinyHybridLM:
     """The model: weights drawn from `config.seed`, CPU only, greedy decoding."""
@@ -301,7 +308,5 @@ class TinyHybridLM:
 def generate(model: TinyHybridLM, tokens: Sequence[int], max_new_tokens: int) -> list[int]:
     """Single-process greedy generation: the reference every remote path must reproduce."""
     run = model.prefill(tokens)
-    for _ in run:
-        pass
-    assert run.first_token is not None
-    return model.decode(run.state, run.first_token, max_new_tokens)
+    first = run.finish()
+    return model.decode(run.state, first, max_new_tokens)
