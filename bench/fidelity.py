@@ -25,9 +25,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from testbed.cli.run import add_set
 from testbed.errors import UserError
-from testbed.experiment import Grid, backlog, completion_rate, run_scenario_once, steady_window
-from testbed.scenario.sweep import parse_setting
+from testbed.experiment import (
+    Grid,
+    backlog,
+    completion_rate,
+    headline,
+    run_scenario_once,
+    steady_window,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = (("prfaas-pd", "prfaas-static"), ("homogeneous", "homogeneous"), ("naive", "naive"))
@@ -55,18 +62,23 @@ def run_case(
         }
     ).scenario_of()
     result = run_scenario_once(scenario, "local", policy=policy)
-    rp, recs = result.plan, result.records
+    rp, recs, h = result.plan, result.records, headline(result.summary)
     lo, hi = steady_window(args.duration)
     return {
         "planned": rp.plan.lambda_max_rps,
         "offered": rp.rate_rps,
         "completed_rate": completion_rate(recs, lo, hi),
         "backlog_growth": backlog(recs, hi) - backlog(recs, lo),
-        "goodput": result.summary["goodput_rps"],
-        "ttft_p90": result.summary["ttft_s"]["p90"],
-        "failed": result.summary["requests"]["failed"],
+        "goodput": h["goodput_rps"],
+        "ttft_p90": h["ttft_p90_s"],
+        "failed": h["failed"],
         "checks_ok": result.ok,
     }
+
+
+def say(line: str) -> None:
+    """A progress line on stderr (the table goes to stdout)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def mean_row(runs: list[dict]) -> dict:
@@ -94,17 +106,14 @@ def main() -> int:
         "--loads", default="0.8,1.2", help="loads to run, fractions of lambda_max (1.2 saturates)"
     )
     ap.add_argument("--runs", type=int, default=1, help="runs per case (seeds seed, seed+1, ...)")
-    ap.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="PATH=VALUE",
-        help="a field of scenarios/paper.yaml replaced for every run (repeatable), e.g. "
+    add_set(
+        ap,
+        "a field of scenarios/paper.yaml replaced for every run (repeatable), e.g. "
         "policy.predict.triage_weight=30",
     )
     args = ap.parse_args()
     try:
-        settings = [parse_setting(s) for s in args.set]
+        settings = args.settings
         base = Grid(str(ROOT / "scenarios" / "paper.yaml"), tuple(settings))
         seed = base.scenario_of().seed
     except UserError as e:
@@ -124,18 +133,14 @@ def main() -> int:
         for load in loads:
             runs = []
             for i in range(args.runs):
-                print(
-                    f"running {deployment} ({policy}) at {load:.0%} of lambda_max, run {i + 1}"
-                    f"/{args.runs} ...",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                run = f"run {i + 1}/{args.runs}"
+                say(f"running {deployment} ({policy}) at {load:.0%} of lambda_max, {run} ...")
                 try:
                     runs.append(run_case(base, seed, deployment, policy, load, args, i))
                 except UserError as e:  # e.g. --duration shorter than paper.yaml's checkers
-                    print(f"fidelity.py: error: {e}", file=sys.stderr)
+                    say(f"fidelity.py: error: {e}")
                     return 2
-                print(f"  completed {runs[-1]['completed_rate']:.3f} req/s", file=sys.stderr)
+                say(f"  completed {runs[-1]['completed_rate']:.3f} req/s")
             rows[(deployment, load)] = mean_row(runs)
     knobs = "".join(f", {p}={v}" for p, v in settings)
     print(
@@ -182,4 +187,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

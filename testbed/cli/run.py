@@ -81,9 +81,10 @@ def _setting(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_set(p: argparse.ArgumentParser) -> None:
-    """`--set PATH=VALUE`, repeatable (run and hindsight): a field of the scenario file
-    replaced for this run, by the paths `testbed sweep --set` takes."""
+def add_set(p: argparse.ArgumentParser, help: str | None = None) -> None:
+    """`--set PATH=VALUE`, repeatable (run and hindsight; bench/fidelity.py with its own
+    `help`): a field of the scenario file replaced for this run, by the paths
+    `testbed sweep --set` takes."""
     p.add_argument(
         "--set",
         type=_setting,
@@ -91,7 +92,8 @@ def add_set(p: argparse.ArgumentParser) -> None:
         default=[],
         dest="settings",
         metavar="PATH=VALUE",
-        help="replace a field of the scenario file for this run, by its path in the file, e.g. "
+        help=help
+        or "replace a field of the scenario file for this run, by its path in the file, e.g. "
         "workload.arrivals.load=1.0 or deployments.prfaas-pd.link.bandwidth=10Gbps; repeat for "
         "more fields (the command line and the scenario's digest go to summary.json)",
     )
