@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -42,7 +40,7 @@ from link_accuracy import (  # noqa: E402
     local_listener,
     make_proxy,
 )
-from provenance import provenance, write_section  # noqa: E402
+from provenance import checkout_table, provenance, write_section  # noqa: E402
 
 SEND = memoryview(b"\0" * (256 * 1024))
 
@@ -147,43 +145,22 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
     return results
 
 
-FIGURES = (
-    ("rtt_us", "CPU µs per round trip, no toxics", "{:.1f}"),
-    ("s_per_gb", "CPU s per GB unshaped (1 conn)", "{:.3f}"),
-    ("mb_s", "unshaped wall MB/s", "{:.0f}"),
-    ("raw_mb_s", "raw loopback wall MB/s, same round", "{:.0f}"),
-    ("of_raw", "unshaped / raw loopback (median of per-round ratios)", "{:.0%}"),
-    ("shaped_s_per_gb", "CPU s per GB through link_bandwidth", "{:.3f}"),
-)
+FIGURES = {
+    "rtt_us": ("CPU µs per round trip, no toxics", "{:.1f}"),
+    "s_per_gb": ("CPU s per GB unshaped (1 conn)", "{:.3f}"),
+    "mb_s": ("unshaped wall MB/s", "{:.0f}"),
+    "raw_mb_s": ("raw loopback wall MB/s, same round", "{:.0f}"),
+    "of_raw": ("unshaped / raw loopback (median of per-round ratios)", "{:.0%}"),
+    "shaped_s_per_gb": ("CPU s per GB through link_bandwidth", "{:.3f}"),
+}
+"""Figure key -> (label, format), in the table's order (provenance.checkout_table)."""
 
 
 def table(results: dict[str, list[dict[str, float]]]) -> str:
-    names = list(results)
     for runs in results.values():
         for r in runs:
             r["of_raw"] = r["mb_s"] / r["raw_mb_s"]
-    head = "| figure (median) | " + " | ".join(_label(n) for n in names) + " |"
-    lines = [head, "|---|" + "---|" * len(names)]
-    for key, label, fmt in FIGURES:
-        if key not in results[names[0]][0]:
-            continue
-        cells = [fmt.format(statistics.median(r[key] for r in results[n])) for n in names]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    if len(names) == 2:
-        for key, label, _ in FIGURES[:2]:
-            a = statistics.median(r[key] for r in results[names[0]])
-            b = statistics.median(r[key] for r in results[names[1]])
-            lines.append(f"\n{label}: this checkout {(a - b) / b:+.0%} against {_label(names[1])}")
-    return "\n".join(lines)
-
-
-def _label(src: str) -> str:
-    if Path(src) == ROOT:
-        return "this checkout"
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=src
-    ).stdout.strip()
-    return f"{src} ({commit})"
+    return "\n".join(checkout_table(results, FIGURES))
 
 
 def main() -> int:
@@ -213,4 +190,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -5,6 +5,7 @@ from). One function for every script that writes one, so the headers read alike.
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -56,6 +57,45 @@ def provenance(script: str, argv: list[str], load_before: tuple[float, ...], set
         f"{'/'.join(f'{x:.2f}' for x in after)} (1/5/15 min)\n"
         f"- substrate: {setup}\n"
     )
+
+
+def checkout_label(src: str) -> str:
+    """A checkout as a column heads it: "this checkout", or its path and short commit."""
+    if Path(src) == ROOT:
+        return "this checkout"
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=src
+    ).stdout.strip()
+    return f"{src} ({commit})"
+
+
+def checkout_table(
+    results: dict[str, list[dict[str, float]]], figures: dict[str, tuple[str, str]]
+) -> list[str]:
+    """Interleaved rounds on several checkouts as a markdown table, a row a figure
+    (`figures`: key -> (label, format), those the rounds carry), a column a checkout (the
+    median of its rounds); with two checkouts, then how the first two figures of this one
+    compare to the other's."""
+    names = list(results)
+    lines = [
+        "| figure (median) | " + " | ".join(checkout_label(n) for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    medians = {
+        key: [statistics.median(r[key] for r in results[n]) for n in names]
+        for key in figures
+        if key in results[names[0]][0]
+    }
+    for key, cells in medians.items():
+        label, fmt = figures[key]
+        lines.append(f"| {label} | " + " | ".join(fmt.format(c) for c in cells) + " |")
+    if len(names) == 2:
+        for key in list(figures)[:2]:
+            (a, b), label = medians[key], figures[key][0]
+            lines.append(
+                f"\n{label}: this checkout {(a - b) / b:+.0%} against {checkout_label(names[1])}"
+            )
+    return lines
 
 
 def write_section(report: Path, name: str, heading: str, text: str) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -31,19 +30,12 @@ BENCH = ROOT / "bench"
 
 def child(mib: int, connections: int) -> None:
     """One measurement with whatever `testbed` is first on the path; prints one JSON line."""
-    import multiprocessing as mp
-
     sys.path.insert(0, str(BENCH))
     import transfer_throughput as tt
 
     from testbed.transfer import ChecksumAlgo, PayloadSource
 
-    ctx = mp.get_context("spawn")
-    parent, end = ctx.Pipe()
-    proc = ctx.Process(target=tt._receiver_main, args=(end, True), daemon=True)
-    proc.start()
-    try:
-        port = parent.recv()
+    with tt.receiver(True) as (parent, port):
         n = max(1, (mib << 20) // tt.REQUEST_BYTES)
         ids = [f"cpu-{i}" for i in range(n)]
         parent.send(ids)
@@ -54,9 +46,6 @@ def child(mib: int, connections: int) -> None:
         )
         received, receiver_cpu = parent.recv()
         assert received == n * tt.REQUEST_BYTES, received
-    finally:
-        parent.send(None)
-        proc.join(10)
     gb = received / 1e9
     print(
         json.dumps(
@@ -79,20 +68,12 @@ def one(src: Path, args: argparse.Namespace) -> dict[str, float]:
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
-FIGURES = (
-    ("sender_s_per_gb", "sender CPU s per GB", "{:.3f}"),
-    ("receiver_s_per_gb", "receiver CPU s per GB", "{:.3f}"),
-    ("mb_s", "wall MB/s", "{:.0f}"),
-)
-
-
-def _label(src: str) -> str:
-    if Path(src) == ROOT:
-        return "this checkout"
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=src
-    ).stdout.strip()
-    return f"{src} ({commit})"
+FIGURES = {
+    "sender_s_per_gb": ("sender CPU s per GB", "{:.3f}"),
+    "receiver_s_per_gb": ("receiver CPU s per GB", "{:.3f}"),
+    "mb_s": ("wall MB/s", "{:.0f}"),
+}
+"""Figure key -> (label, format), in the table's order (provenance.checkout_table)."""
 
 
 def main() -> int:
@@ -108,7 +89,7 @@ def main() -> int:
         child(args.mib, args.connections)
         return 0
     sys.path.insert(0, str(BENCH))
-    from provenance import provenance, write_section
+    from provenance import checkout_table, provenance, write_section
 
     load = os.getloadavg()
     srcs = [ROOT, *(Path(s).resolve() for s in args.src)]
@@ -117,19 +98,7 @@ def main() -> int:
         for src in srcs if r % 2 == 0 else srcs[::-1]:
             results[str(src)].append(one(src, args))
             print(f"round {r + 1} {src}: {results[str(src)][-1]}", file=sys.stderr)
-    names = list(results)
-    lines = [
-        "| figure (median) | " + " | ".join(_label(n) for n in names) + " |",
-        "|---|" + "---|" * len(names),
-    ]
-    for key, label, fmt in FIGURES:
-        cells = [fmt.format(statistics.median(x[key] for x in results[n])) for n in names]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    if len(names) == 2:
-        for key, label, _ in FIGURES[:2]:
-            a = statistics.median(x[key] for x in results[names[0]])
-            b = statistics.median(x[key] for x in results[names[1]])
-            lines.append(f"\n{label}: this checkout {(a - b) / b:+.0%} against {_label(names[1])}")
+    lines = checkout_table(results, FIGURES)
     head = provenance(
         "bench/transfer_cpu.py",
         sys.argv[1:],
@@ -145,4 +114,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

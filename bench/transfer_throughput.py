@@ -17,7 +17,8 @@ import multiprocessing as mp
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -59,6 +60,23 @@ def _receiver_main(pipe: Connection, use_uvloop: bool) -> None:
                 pipe.send((rx.stats().bytes_received - before, time.process_time() - cpu0))
 
     _run(serve(), use_uvloop)
+
+
+@contextmanager
+def receiver(use_uvloop: bool) -> Iterator[tuple[Connection, int]]:
+    """A receiver in its own (spawned) process: the pipe that drives it (`_receiver_main`'s
+    protocol) and its port; told to stop, and stopped, on the way out."""
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_receiver_main, args=(child, use_uvloop), daemon=True)
+    proc.start()
+    try:
+        yield parent, parent.recv()
+    finally:
+        parent.send(None)
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.terminate()
 
 
 async def _send_batch(
@@ -116,7 +134,7 @@ def checksum_cost(algo: ChecksumAlgo, nbytes: int = 1 << 30) -> float:
     return (time.process_time() - cpu0) / (reps * len(view) / 1e9)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib-per-run", type=int, default=768)
     parser.add_argument("--no-uvloop", action="store_true")
@@ -137,12 +155,7 @@ def main() -> None:
         "256 KiB frames"
     )
     source = PayloadSource(64 << 20, seed=0)
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_receiver_main, args=(child, use_uvloop), daemon=True)
-    proc.start()
-    try:
-        port = parent.recv()
+    with receiver(use_uvloop) as (parent, port):
         total = args.mib_per_run << 20
         print("conns    algo      MiB      MB/s  sender cpu s/GB  receiver cpu s/GB")
         runs = [(1, best), (4, best), (8, best), (4, ChecksumAlgo.CRC32), (4, ChecksumAlgo.NONE)]
@@ -152,11 +165,6 @@ def main() -> None:
                 continue
             seen.add((connections, algo))
             print(throughput(connections, algo, total, parent, port, source, use_uvloop))
-    finally:
-        parent.send(None)
-        proc.join(timeout=10)
-        if proc.is_alive():
-            proc.terminate()
 
     print("checksum CPU cost (256 KiB frames, paid once by the sender and once by the receiver):")
     for algo in algos:
@@ -171,7 +179,8 @@ def main() -> None:
 
     print("\n" + provenance("bench/transfer_throughput.py", sys.argv[1:], load, "loopback"))
     print("(bench/transfer_cpu.py compares two checkouts' CPU per GB, interleaved)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
