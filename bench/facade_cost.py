@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import math
 import os
 import random
@@ -178,7 +179,7 @@ class Fleet:
         self.run = ExternalRun(prepare_run(sc, self.opts), self.opts)
         self.preset = preset
         self.idle: dict[str, float] = {}
-        self.tag = 0
+        self.tags = itertools.count(1)  # a request id the fleet has not seen
 
     async def start(self) -> None:
         await self.run.start()
@@ -228,9 +229,8 @@ class Fleet:
                 if x in done else None for x in labels]  # fmt: skip
 
     def body(self, req: RequestSpec, text: str, path: str, kind: str) -> dict[str, Any]:
-        self.tag += 1
         body = request_body(req, text, self.model)
-        body["testbed_request_id"] = f"{path[:6]}-{kind}-{req.id}-{self.tag}"
+        body["testbed_request_id"] = f"{path[:6]}-{kind}-{req.id}-{next(self.tags)}"
         if kind == "text":
             del body["input_tokens"], body["hash_ids"]
         return body
@@ -278,11 +278,10 @@ class Fleet:
 
 def q(xs: list[float], p: float) -> float:
     """The median (p 0.5) or the p-quantile by nearest rank of xs; NaN for none."""
-    if not xs:
-        return float("nan")
     if p == 0.5:
-        return statistics.median(xs)
-    return sorted(xs)[max(0, math.ceil(p * len(xs)) - 1)]
+        return statistics.median(xs) if xs else math.nan
+    ranked = sorted(xs) or [math.nan]
+    return ranked[max(0, math.ceil(p * len(xs)) - 1)]
 
 
 async def one_fleet(
@@ -453,4 +452,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

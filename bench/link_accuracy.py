@@ -23,6 +23,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -132,26 +133,19 @@ def _sink(listener: socket.socket, counter: Counter, n: int, stop: threading.Eve
             counter.slots[i] += k
         c.close()
 
-    threads = [threading.Thread(target=drain, args=(i, c)) for i, c in enumerate(conns)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(max(1, len(conns))) as pool:  # one thread a connection
+        list(pool.map(drain, range(len(conns)), conns))
 
 
 def _source(sock: socket.socket, stop: threading.Event) -> None:
     sock.settimeout(IO_TIMEOUT)
     mv = memoryview(SEND_BUF)
-    try:
+    with sock, suppress(OSError):  # a reset ends the source; the socket is closed either way
         while not stop.is_set():
             try:
                 sock.send(mv)
             except TimeoutError:
                 continue
-    except OSError:
-        pass
-    finally:
-        sock.close()
 
 
 def throughput(
@@ -453,4 +447,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -32,19 +32,13 @@ from provenance import provenance  # bench/provenance.py: the script's directory
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.runner import _Run
 from testbed.scenario.schema import load_scenario
+from testbed.transfer.flood import MIB, rss_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 BIG_CHARS = 1_000_000
 N_BIG = 6
 WORDS = ["the", "link", "is", "slow", "prefill", "decode", "cache", "router", "token",
          "cluster", "bandwidth", "model", "request", "stream", "queue", "transfer"]  # fmt: skip
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def big_prompt(seed: int) -> str:
@@ -79,14 +73,14 @@ async def one_run() -> dict[str, Any]:
             async with s.post(f"{url}/v1/completions", json=warm) as r:
                 await r.read()
             await asyncio.sleep(1.0)
-            rss = {"start": rss_mib(pid), "peak": 0.0}
+            rss = {"start": rss_bytes(pid) / MIB, "peak": 0.0}
             stop = asyncio.Event()
             gaps: list[tuple[float, float]] = []
             models: list[tuple[float, float]] = []
 
             async def sample() -> None:
                 while not stop.is_set():
-                    rss["peak"] = max(rss["peak"], rss_mib(pid))
+                    rss["peak"] = max(rss["peak"], rss_bytes(pid) / MIB)
                     await asyncio.sleep(0.05)
 
             async def stream() -> None:
@@ -127,7 +121,7 @@ async def one_run() -> dict[str, Any]:
             await asyncio.sleep(10.0)
             async with s.get(f"{url}/stats") as r:
                 lag = (await r.json())["decisions"]["loop_lag_ms"]
-            rss["after_10s"] = rss_mib(pid)
+            rss["after_10s"] = rss_bytes(pid) / MIB
     finally:
         await run.shutdown()
     ms = 1e3
@@ -177,4 +171,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())
