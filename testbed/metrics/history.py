@@ -38,6 +38,9 @@ class RunHistory(Sequence[HistoryEvent]):
         self._series: list[tuple[str, str, str]] = []  # (instance, cluster, role)
         self._series_index: dict[tuple[str, str, str], int] = {}
         self._order: np.ndarray | None = None
+        self.loose_queue = False
+        """A queue sample that is not (str, str, str, int) was kept as an event: `queue_series`
+        then leaves it out (testbed.metrics.summary.queue_depth_series reads every event)."""
 
     def __len__(self) -> int:
         return len(self._other) + len(self._q_t)
@@ -50,6 +53,7 @@ class RunHistory(Sequence[HistoryEvent]):
             if type(depth) is int and all(type(k) is str for k in key):
                 self.add_queue(event.t, [(*key, depth)])
                 return
+        self.loose_queue |= event.kind == QUEUE
         self._other.append(event)
         self._other_seq.append(self._seq)
         self._seq += 1
@@ -67,6 +71,7 @@ class RunHistory(Sequence[HistoryEvent]):
             if type(depth) is not int:  # kept as an event, as written
                 data = {"instance": inst, "cluster": cluster, "role": role, "depth": depth}
                 self._other.append(HistoryEvent(t, QUEUE, data))
+                self.loose_queue = True
                 self._other_seq.append(self._seq)
                 self._seq += 1
                 continue

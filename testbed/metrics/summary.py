@@ -168,7 +168,7 @@ def queue_depth_series(history: Sequence[HistoryEvent]) -> dict[str, tuple[list[
     value (0 before its first sample) and the group total is evaluated at every sample instant of
     the group. Returns {"prfaas/prefill": (times, depths), ...}.
     """
-    if isinstance(history, RunHistory):  # the sim's: its queue samples are columns already
+    if isinstance(history, RunHistory) and not history.loose_queue:  # samples as columns
         return _series_totals(history.queue_series())
     raw: dict[str, dict[str, list[tuple[float, int]]]] = {}
     for e in history:
