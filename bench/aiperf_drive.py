@@ -351,4 +351,4 @@ def _records(path: Path) -> dict[str, dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

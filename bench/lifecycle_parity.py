@@ -16,6 +16,11 @@ substrates as registry entries, faults through link verbs) and promised behaviou
 
 `--before`/`--after` are checkouts of the project (e.g. `git worktree add /tmp/wt-before REV`),
 run with their directory on PYTHONPATH; the venv is this one's.
+
+Unlike the other bench scripts, the runs do not go through `testbed.experiment`: what is
+compared is what each checkout's own `testbed run` writes (its planning, its run path, its
+requests.jsonl writer), and `testbed.experiment` would run this checkout's code for both. The
+scenarios are this checkout's library (testbed.scenario.library.library_scenarios).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from provenance import provenance  # bench/provenance.py: the script's directory is on sys.path
+
+from testbed.scenario.library import library_scenarios
 
 ROOT = Path(__file__).resolve().parents[1]
 LIVE = ("prefill-crash", "decode-crash", "partition")
@@ -46,13 +53,9 @@ def _run(src: Path, name: str, out: Path, substrate: str) -> int:
     return done.returncode
 
 
-def _library() -> list[str]:
-    return sorted(p.stem for p in (ROOT / "testbed" / "library").glob("*.yaml"))
-
-
 def sim_rows(before: Path, after: Path, work: Path) -> list[str]:
     rows = []
-    for name in _library():
+    for name in (p.stem for p in library_scenarios()):
         a, b = work / "before" / name, work / "after" / name
         a.parent.mkdir(parents=True, exist_ok=True)
         b.parent.mkdir(parents=True, exist_ok=True)
@@ -112,7 +115,7 @@ def live_rows(before: Path, after: Path, work: Path) -> list[str]:
     return rows
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--before", type=Path, required=True, help="checkout to compare against")
     ap.add_argument("--after", type=Path, default=ROOT, help="checkout under test (this one)")
@@ -147,7 +150,8 @@ def main() -> None:
     print(text)
     if args.report:
         args.report.write_text(text)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

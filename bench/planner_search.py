@@ -53,7 +53,7 @@ def timed(repeat: int, fn: Any) -> tuple[float, StagePlan]:
     return statistics.median(times), plan
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--no-exhaustive", action="store_true", help="skip the scalar reference")
@@ -87,7 +87,8 @@ def main() -> None:
                 f"t={plan.threshold_tokens:.0f} N_p/N_d={plan.n_prefill}/{plan.n_decode} "
                 f"lambda_max={plan.lambda_max_rps:.2f} req/s {same}"
             )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

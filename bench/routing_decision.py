@@ -49,7 +49,7 @@ def book(rng: np.random.Generator, n: int) -> LoadBook:
     return b
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--instances", type=int, default=10_000)
     ap.add_argument("--requests", type=int, default=20_000)
@@ -85,7 +85,8 @@ def main() -> None:
                 b.charge(pre, tok, dec, 1024.0, -1)
         q = statistics.quantiles(times, n=100)
         print(f"  {name:15s} p50 {q[49] * 1e6:7.1f} us   p99 {q[98] * 1e6:7.1f} us")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

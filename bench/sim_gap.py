@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import sys
 from typing import Any
 
 from testbed.experiment import Grid, completion_rate, steady_window
@@ -172,4 +171,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

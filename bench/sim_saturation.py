@@ -87,4 +87,4 @@ def report(g: Grid, duration_s: float, jobs: int = 1) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())
