@@ -31,6 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from provenance import commit, load_text  # noqa: E402
+
 from testbed.errors import UserError  # noqa: E402
 
 RATES_MBIT = (1, 10, 100, 1000)
@@ -338,10 +340,11 @@ def report_latency(direct: list[float], proxied: list[float], jittered: list[flo
     )
 
 
-def _commit() -> str:
-    return subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+def footer(load: tuple[float, ...], started: float) -> None:
+    """The load average before and after, the commit, and how long the bench took."""
+    after = load_text(os.getloadavg())
+    print(f"\nload average before {load_text(load)}, after {after}; commit {commit()}")
+    print(f"\nbench time {time.perf_counter() - started:.0f} s")
 
 
 def main() -> int:
@@ -438,11 +441,7 @@ def main() -> int:
         print("\n5. The emulator process's CPU (all threads; bench/link_cpu.py compares checkouts)")
         print(f"   per round trip, no toxics   {cpu['rtt_us']:.1f} µs (2,000 64-byte round trips)")
         print(f"   per GB unshaped, 1 conn     {cpu['s_per_gb']:.3f} s (512 MiB)")
-    print(
-        f"\nload average before {'/'.join(f'{x:.2f}' for x in load)}, after "
-        f"{'/'.join(f'{x:.2f}' for x in os.getloadavg())}; commit {_commit()}"
-    )
-    print(f"\nbench time {time.perf_counter() - started:.0f} s")
+    footer(load, started)
     return 0
 
 

@@ -37,12 +37,21 @@ def report_body(text: str) -> str:
     return "".join(out)
 
 
+def commit(cwd: Path = ROOT) -> str:
+    """The short hash of the checkout's HEAD."""
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=cwd
+    ).stdout.strip()
+
+
+def load_text(load: tuple[float, ...]) -> str:
+    """A load average (os.getloadavg()) as the header writes it: `1.02/0.87/0.66`."""
+    return "/".join(f"{x:.2f}" for x in load)
+
+
 def provenance(script: str, argv: list[str], load_before: tuple[float, ...], setup: str) -> str:
     """The header's lines (markdown list items); `setup`: the substrate, deployment, scale and
     seeds the figures came from, as one sentence."""
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
     dirty = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=no"],
         capture_output=True, text=True, cwd=ROOT,
@@ -50,23 +59,17 @@ def provenance(script: str, argv: list[str], load_before: tuple[float, ...], set
     after = os.getloadavg()
     return (
         f"- command: `python {' '.join([script, *argv])}`\n"
-        f"- commit: {commit}{' (with uncommitted changes in the tree)' if dirty else ''}\n"
+        f"- commit: {commit()}{' (with uncommitted changes in the tree)' if dirty else ''}\n"
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
-        f"- machine: {os.cpu_count()} cores; load average before "
-        f"{'/'.join(f'{x:.2f}' for x in load_before)}, after "
-        f"{'/'.join(f'{x:.2f}' for x in after)} (1/5/15 min)\n"
+        f"- machine: {os.cpu_count()} cores; load average before {load_text(load_before)}, after "
+        f"{load_text(after)} (1/5/15 min)\n"
         f"- substrate: {setup}\n"
     )
 
 
 def checkout_label(src: str) -> str:
     """A checkout as a column heads it: "this checkout", or its path and short commit."""
-    if Path(src) == ROOT:
-        return "this checkout"
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=src
-    ).stdout.strip()
-    return f"{src} ({commit})"
+    return "this checkout" if Path(src) == ROOT else f"{src} ({commit(Path(src))})"
 
 
 def checkout_table(

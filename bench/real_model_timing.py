@@ -61,6 +61,26 @@ def _timed(step: Callable[[], object], steps: int) -> tuple[float, float]:
     return statistics.median(wall) * 1e3, statistics.median(cpu) * 1e3
 
 
+def calibration(again: bool) -> None:
+    """What scenarios/real-model.yaml's `time_scale: auto` resolves to on this host (measured
+    `again` if asked), and the load it was read under."""
+    if again:
+        os.environ[RECALIBRATE_ENV] = "1"
+    scenario = load_scenario(ROOT / "scenarios" / "real-model.yaml")
+    rp = prepare_run(scenario, RunOptions(progress=False))
+    cal = rp.calibration or {}
+    print()
+    print(
+        f"calibration ({cal.get('measured')}): prefill layer ms by prompt tokens "
+        f"{cal.get('prefill_layer_ms')}, decode pass ms by context {cal.get('decode_pass_ms')}"
+    )
+    print(
+        f"real-model.yaml time_scale: auto -> {rp.scenario.scale.time_scale:g} "
+        f"(margin {cal.get('margin')}x; limited by {cal.get('limited_by')})"
+    )
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--context", type=int, default=148, help="prompt tokens per request")
@@ -92,21 +112,7 @@ def main() -> int:
         bw, bc = _timed(before, args.steps)
         aw, ac = _timed(batch.step, args.steps)
         print(f"{b:>5}  {bw:>11.2f}  {bc:>10.2f}  {aw:>10.2f}  {ac:>9.2f}  {bc / ac:>11.1f}x")
-    if args.recalibrate:
-        os.environ[RECALIBRATE_ENV] = "1"
-    scenario = load_scenario(ROOT / "scenarios" / "real-model.yaml")
-    rp = prepare_run(scenario, RunOptions(progress=False))
-    cal = rp.calibration or {}
-    print()
-    print(
-        f"calibration ({cal.get('measured')}): prefill layer ms by prompt tokens "
-        f"{cal.get('prefill_layer_ms')}, decode pass ms by context {cal.get('decode_pass_ms')}"
-    )
-    print(
-        f"real-model.yaml time_scale: auto -> {rp.scenario.scale.time_scale:g} "
-        f"(margin {cal.get('margin')}x; limited by {cal.get('limited_by')})"
-    )
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    calibration(args.recalibrate)
     return 0
 
 

@@ -195,6 +195,16 @@ def setup_line() -> str:
     )
 
 
+def write_report(out: Path, text: str, append: bool) -> None:
+    """`text` to `out`; with `append` (and `out` there) after what it holds, as a later batch
+    whose headings go one level down."""
+    if append and out.exists():  # a later batch, with its own provenance
+        body = text.split("\n", 2)[2].replace("## ", "### ")
+        text = out.read_text() + "\n## A later batch\n\n" + body
+    out.write_text(text)
+    print(f"wrote {out}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", help="comma-separated router policies (default: all)")
@@ -223,11 +233,7 @@ def main() -> int:
     text = render(
         rows, provenance("bench/router_faults.py", sys.argv[1:], load_before, setup_line())
     )
-    if args.append and args.out.exists():  # a later batch, with its own provenance
-        body = text.split("\n", 2)[2].replace("## ", "### ")
-        text = args.out.read_text() + "\n## A later batch\n\n" + body
-    args.out.write_text(text)
-    print(f"wrote {args.out}")
+    write_report(args.out, text, args.append)
     return 0
 
 

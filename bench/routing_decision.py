@@ -49,6 +49,33 @@ def book(rng: np.random.Generator, n: int) -> LoadBook:
     return b
 
 
+def time_policy(name: str, instances: int, lengths: np.ndarray, cached: np.ndarray) -> None:
+    """Time `name`'s snapshot + decide over the requests (`lengths` input tokens, `cached` of
+    them in a prefix cache) on a book of `instances`; print its p50 and p99."""
+    model = MODELS["internal-1t-hybrid"]
+    b = book(np.random.default_rng(1), instances)
+    policy = make_policy(name)
+    in_flight: collections.deque[tuple[str | None, float, str | None]] = collections.deque()
+    times = []
+    for i in range(len(lengths)):
+        n_in = int(lengths[i])
+        req = RequestView(f"r{i}", n_in, 1024, int(cached[i]) if i % 2 else 0,
+                          int(cached[i]) if i % 3 == 0 else 0,
+                          model.kv_bytes(n_in))  # fmt: skip
+        t0 = time.perf_counter()
+        snap = b.snapshot(float(i), 19_400.0, i % 7 == 0)
+        route = policy.decide(req, snap)
+        times.append(time.perf_counter() - t0)
+        charge = (route.prefill_instance, float(n_in), route.decode_instance)
+        b.charge(charge[0], charge[1], charge[2], 1024.0, 1)
+        in_flight.append(charge)
+        if len(in_flight) > instances // 2:  # a steady state: one ends per one begun
+            pre, tok, dec = in_flight.popleft()
+            b.charge(pre, tok, dec, 1024.0, -1)
+    q = statistics.quantiles(times, n=100)
+    print(f"  {name:15s} p50 {q[49] * 1e6:7.1f} us   p99 {q[98] * 1e6:7.1f} us")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--instances", type=int, default=10_000)
@@ -58,33 +85,12 @@ def main() -> int:
     rng = np.random.default_rng(0)
     lengths = TruncatedLognormal(9.9, 1.0, 128, 128_000).sample(rng, n_req).astype(int)
     cached = (rng.uniform(0, 1, n_req) * lengths).astype(int)
-    model = MODELS["internal-1t-hybrid"]
     print(
         f"routing decision cost (snapshot from the load book + decide), {args.instances:,} "
         f"instances, {n_req} requests per policy; load average {os.getloadavg()[0]:.1f}"
     )
     for name in sorted(POLICIES):
-        b = book(np.random.default_rng(1), args.instances)
-        policy = make_policy(name)
-        in_flight: collections.deque[tuple[str | None, float, str | None]] = collections.deque()
-        times = []
-        for i in range(n_req):
-            n_in = int(lengths[i])
-            req = RequestView(f"r{i}", n_in, 1024, int(cached[i]) if i % 2 else 0,
-                              int(cached[i]) if i % 3 == 0 else 0,
-                              model.kv_bytes(n_in))  # fmt: skip
-            t0 = time.perf_counter()
-            snap = b.snapshot(float(i), 19_400.0, i % 7 == 0)
-            route = policy.decide(req, snap)
-            times.append(time.perf_counter() - t0)
-            charge = (route.prefill_instance, float(n_in), route.decode_instance)
-            b.charge(charge[0], charge[1], charge[2], 1024.0, 1)
-            in_flight.append(charge)
-            if len(in_flight) > args.instances // 2:  # a steady state: one ends per one begun
-                pre, tok, dec = in_flight.popleft()
-                b.charge(pre, tok, dec, 1024.0, -1)
-        q = statistics.quantiles(times, n=100)
-        print(f"  {name:15s} p50 {q[49] * 1e6:7.1f} us   p99 {q[98] * 1e6:7.1f} us")
+        time_policy(name, args.instances, lengths, cached)
     return 0
 
 

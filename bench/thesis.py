@@ -202,6 +202,12 @@ def plot(
     plt.close(fig)
 
 
+def write_report(reports: Path, lines: list[str], head: str) -> None:
+    """thesis.md in `reports`: the title line, the provenance header `head`, the rest."""
+    (reports / "thesis.md").write_text("\n".join([lines[0], "", head, *lines[1:]]) + "\n")
+    print(f"wrote {reports / 'thesis.md'} and thesis.png")
+
+
 def names(text: str) -> list[str]:
     """A comma-separated option's names (`--policies`, `--models`)."""
     return text.split(",")
@@ -337,11 +343,11 @@ def main() -> int:
     args.reports.mkdir(parents=True, exist_ok=True)
     plot(rows, policies, base.slo.ttft, args.reports / "thesis.png")
     setup = f"{args.substrate}; thesis.yaml's seed ({base.seed})"
-    head = provenance("bench/thesis.py", sys.argv[1:], load_before, setup)
-    (args.reports / "thesis.md").write_text(
-        "\n".join([lines[0], "", head, *lines[1:], *table]) + "\n"
+    write_report(
+        args.reports,
+        [*lines, *table],
+        provenance("bench/thesis.py", sys.argv[1:], load_before, setup),
     )
-    print(f"wrote {args.reports / 'thesis.md'} and thesis.png")
     return 0
 
 
