@@ -16,7 +16,6 @@ all prefill on PrfaaS (p = 1) and all decode locally.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import asdict, dataclass
 from typing import Protocol
@@ -25,9 +24,10 @@ import numpy as np
 
 from testbed.config import DeploymentConfig, PlannerConfig, SloConfig, WorkloadConfig
 from testbed.config.limits import MAX_THRESHOLDS, FieldError
+from testbed.planner_grid import first_best, grid_size, pair_grid, split_grid, threshold_grid
 from testbed.profiles import HARDWARE, MODELS, ModelProfile
 from testbed.workload.build import length_distribution
-from testbed.workload.lengths import LengthDistribution, split_many
+from testbed.workload.lengths import LengthDistribution
 
 __all__ = [
     "PlanInputs",
@@ -72,7 +72,7 @@ def plan_inputs(scenario: Planned) -> PlanInputs:
         tpot_slo_s=scenario.slo.tpot,
         threshold_step=scenario.planner.threshold_step,
     )
-    n = _grid_size(inputs.lengths, inputs.threshold_step)
+    n = grid_size(inputs.lengths, inputs.threshold_step)
     if n > MAX_THRESHOLDS:
         lo, hi = inputs.lengths.bounds
         least = math.ceil((hi - lo) / (MAX_THRESHOLDS - 2))
@@ -125,9 +125,6 @@ class StagePlan:
         return out
 
 
-_VECTOR_TOL = 1e-8
-"""How far below the largest Lambda_max a pair may be and still round to it (at 9 decimals)."""
-
 LINK_TIE = 0.01
 """A link-held PrfaaS stage within 1% of lambda_max is named the bottleneck: the threshold search
 ties the stages, so the strict minimum is often another stage a hair below the link's rate."""
@@ -176,14 +173,10 @@ def _per(amount: float, cost: float) -> float:
     return amount / cost if cost > 0 else math.inf
 
 
-def _per_many(amount: float | np.ndarray, cost: np.ndarray) -> np.ndarray:
-    """`_per` element by element (the same division where the cost is positive, inf elsewhere)."""
-    positive = cost > 0
-    return np.where(positive, amount / np.where(positive, cost, 1.0), math.inf)
-
-
 Key = tuple[float, float]
 """(round(Lambda_max, 9), -imbalance): the search keeps the first pair with the largest."""
+Stages = tuple[float, float, float, float]
+"""(Theta_prfaas, Theta_pdp, Theta_pdd, Lambda_max) of one pair."""
 
 
 @dataclass(frozen=True)
@@ -237,6 +230,7 @@ class _Search:
         l_short: float,
         n_p: int,
         n_d: int,
+        gpus: int = 0,
     ) -> StagePlan:
         """The operating point of one pair, from its stage throughputs."""
         model, link, prfaas_hw, n_prfaas = self.model, self.link, self.prfaas_hw, self.n_prfaas
@@ -278,71 +272,21 @@ class _Search:
             bottleneck=bottleneck,
             link_utilisation=egress / link_gbps if link_gbps else 0.0,
             link_max_rps=_per(link, p * model.kv_bytes(l_long)) if p > 0 and link_gbps else None,
+            gpus=gpus,
         )
 
     def grid(
         self, p: np.ndarray, l_long: np.ndarray, l_short: np.ndarray, splits: list[tuple[int, int]]
     ) -> tuple[np.ndarray, np.ndarray]:
         """Lambda_max and the stage imbalance of every pair (thresholds x splits), computed at
-        once with the same IEEE operations as `point`, so the same floats."""
+        once with the same IEEE operations as `point`, so the same floats (planner_grid)."""
         n_p = np.array([sp[0] for sp in splits], dtype=np.int64)
         n_d = np.array([sp[1] for sp in splits], dtype=np.int64)
-        offload, local = p > 0, p < 1
-        with np.errstate(divide="ignore", invalid="ignore"):
-            if self.n_prfaas > 0 and self.prfaas_hw is not None:
-                compute = _per_many(
-                    self.n_prfaas, self.model.prefill_time_many(self.prfaas_hw, l_long)
-                )
-                network = _per_many(self.link, self.model.kv_bytes_many(l_long))
-                th_pf = np.where(offload, np.minimum(compute, network), 0.0)
-            else:
-                th_pf = np.zeros_like(p)
-            prf = np.where(offload, th_pf / np.where(offload, p, 1.0), math.inf)[:, None]
-            cost = self.model.prefill_time_many(self.local_hw, l_short)[:, None]
-            th_pdp = np.where(local[:, None] & (n_p > 0), _per_many(n_p, cost), 0.0)
-            pdp = np.where(local[:, None], th_pdp / (1 - p)[:, None], math.inf)
-            pdd = n_d * self.bs_max / (self.t_decode * self.output_tokens)
-            lam = np.minimum(np.minimum(prf, pdp), pdd)
-            both = np.isfinite(prf) & np.isfinite(pdp)
-            imbalance = np.where(both, np.abs(prf - pdp), 0.0)
-        return lam, imbalance
-
-
-def _first_best(lam: np.ndarray, imbalance: np.ndarray) -> int:
-    """Index of the first pair with the largest key (round(Lambda_max, 9), -imbalance), pairs
-    in the search's order. `round(., 9)` is Python's, applied to the few distinct Lambda_max
-    within _VECTOR_TOL of the largest (only those can round to it). Pairs bound by PD-D tie on
-    Lambda_max by the thousand when the split is free; the imbalance then decides, here in one
-    `argmin` rather than pair by pair."""
-    near = np.flatnonzero(lam >= lam.max() - _VECTOR_TOL)
-    values, which = np.unique(lam[near], return_inverse=True)
-    rounded = np.array([round(float(v), 9) for v in values])[which.ravel()]
-    top = near[rounded == rounded.max()]
-    return int(top[np.argmin(imbalance[top])])
-
-
-def _grid_size(lengths: LengthDistribution, step: float) -> float:
-    """Thresholds `_threshold_grid` has at `step`, counted without building it (inf for a
-    step so small that the count overflows)."""
-    lo, hi = lengths.bounds
-    first = lo / step
-    if not math.isfinite(first) or not math.isfinite(hi / step):
-        return math.inf
-    return math.floor((hi + step - math.floor(first) * step) / step) + 1
-
-
-def _threshold_grid(lengths: LengthDistribution, step: float) -> np.ndarray:
-    """Thresholds every `step` tokens over the lengths' range. A re-plan over lengths observed
-    at run time (the long-term loop) wider than MAX_THRESHOLDS steps uses a coarser step rather
-    than allocate without bound: the scenario's own range was checked by `plan_inputs`."""
-    lo, hi = lengths.bounds
-    while _grid_size(lengths, step) > MAX_THRESHOLDS:
-        step *= 2
-    grid = np.clip(np.arange(math.floor(lo / step) * step, hi + step, step), lo, hi)
-    # sorted already: np.unique's result without its sort (the clip repeats only the ends)
-    keep = np.ones(len(grid), dtype=bool)
-    keep[1:] = grid[1:] != grid[:-1]
-    return grid[keep]
+        pdd = n_d * self.bs_max / (self.t_decode * self.output_tokens)
+        return pair_grid(
+            self.model, self.prfaas_hw, self.local_hw, self.n_prfaas, self.link, pdd,
+            p, l_long, l_short, n_p,
+        )  # fmt: skip
 
 
 def plan_deployment(
@@ -407,7 +351,7 @@ class SplitSearch:
             elif threshold_tokens is not None:
                 thresholds = np.array([float(threshold_tokens)])
             else:
-                thresholds = _threshold_grid(inputs.lengths, inputs.threshold_step)
+                thresholds = threshold_grid(inputs.lengths, inputs.threshold_step)
         self.thresholds = thresholds
         decode = model.decode[deployment.local.hardware]
         bs_max = decode.bs_max(inputs.tpot_slo_s)
@@ -418,6 +362,10 @@ class SplitSearch:
             bs_max, decode.step_time(bs_max),
         )  # fmt: skip
         self._grid: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        gpus = deployment.local.instances * HARDWARE[deployment.local.hardware].gpus
+        if prfaas is not None:
+            gpus += prfaas.instances * HARDWARE[prfaas.hardware].gpus
+        self.gpus = gpus
 
     def _point(self, t: float) -> tuple[float, float, float]:
         """(p, l_long, l_short) at threshold t; +-inf: homogeneous (none offloaded) or naive."""
@@ -434,7 +382,7 @@ class SplitSearch:
             if math.isinf(thresholds[0]):
                 ps, l_longs, l_shorts = (np.array([x]) for x in self._point(thresholds[0]))
             else:
-                ps, l_longs, l_shorts = split_many(self.args[2].lengths, thresholds)
+                ps, l_longs, l_shorts = split_grid(self.args[2].lengths, thresholds)
             if len(self.splits) > 1 and len(ps) > 1:
                 # Neighbouring thresholds with no length between them split the workload
                 # alike: their pairs are equal, and only the first of them can be the first
@@ -468,21 +416,19 @@ class SplitSearch:
         else:
             thresholds, lam, imbalance = self._arrays()
             if len(columns) == len(self.splits):
-                k, j = divmod(_first_best(lam.ravel(), imbalance.ravel()), len(self.splits))
+                k, j = divmod(first_best(lam.ravel(), imbalance.ravel()), len(self.splits))
             else:
                 j = columns[0]
-                k = _first_best(lam[:, j], imbalance[:, j])
+                k = first_best(lam[:, j], imbalance[:, j])
             pairs = [(float(thresholds[k]), self.splits[j])]
         ctx = self.ctx
-        best: tuple[tuple[float, float], StagePlan] | None = None
-        for t, (n_p, n_d) in pairs:
-            p, l_long, l_short = self._point(t)
-            key, stages = ctx.point(p, l_long, l_short, n_p, n_d)
+        best: tuple[Key, float, tuple[float, float, float], tuple[int, int], Stages] | None = None
+        for t, split in pairs:
+            point = self._point(t)
+            key, stages = ctx.point(*point, *split)
             if best is not None and key <= best[0]:
                 continue
-            best = (key, ctx.plan(name, deployment, stages, t, p, l_long, l_short, n_p, n_d))
+            best = (key, t, point, split, stages)
         assert best is not None
-        gpus = deployment.local.instances * HARDWARE[deployment.local.hardware].gpus
-        if deployment.prfaas is not None:
-            gpus += deployment.prfaas.instances * HARDWARE[deployment.prfaas.hardware].gpus
-        return dataclasses.replace(best[1], gpus=gpus)
+        _, t, point, split, stages = best
+        return ctx.plan(name, deployment, stages, t, *point, *split, self.gpus)

@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "units", "clock", "lifeline", "serving", "devtools", "registry", "substrates"),
     ("profiles", "transfer"),
     ("config",),
-    ("workload", "planner", "policy", "kvcache"),
+    ("workload", "planner", "planner_grid", "policy", "kvcache"),
     ("metrics", "checkers", "nemesis"),
     ("engine", "link", "scheduler", "dispatch"),
     ("services",),
