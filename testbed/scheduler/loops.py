@@ -271,39 +271,52 @@ class ControlLoops:
         bias = self.balance.bias if self.balance is not None else 1.0
         self.state.set_policy(planned * bias, scarce)
 
-    def _routable(self, i: InstanceView) -> bool:
-        return self.cluster.healthy[i.id] and i.id not in self.state.draining
-
     def waits(self) -> tuple[float, float]:
         """Expected prefill wait (real seconds) of a new request on each route: the least
         loaded prefill instance's outstanding requests x the profile's prefill time of their
         mean length. PrfaaS requests stay outstanding until their KV is acknowledged, so a
-        queue on the link shows here too."""
-        cluster, dep = self.cluster, self.dep
-
-        def wait(name: str, hardware: str) -> float:
-            out = []
-            for i in cluster.instances.values():
-                if i.cluster != name or i.role != "prefill" or not self._routable(i):
-                    continue
-                n = cluster.outstanding[i.id]
-                mean = cluster.work[i.id] / n if n else 0.0
-                out.append(n * self.model.prefill_time(hardware, mean) if n else 0.0)
-            return min(out) if out else math.inf
-
-        hw_prfaas = dep.prfaas.hardware if dep.prfaas is not None else dep.local.hardware
-        return wait("prfaas", hw_prfaas), wait("local", dep.local.hardware)
+        queue on the link shows here too. (One pass over the instances, every tick.)"""
+        cluster, dep, prefill_time = self.cluster, self.dep, self.model.prefill_time
+        healthy, draining = cluster.healthy, self.state.draining
+        outstanding, work = cluster.outstanding, cluster.work
+        hardware = {
+            "prfaas": dep.prfaas.hardware if dep.prfaas is not None else dep.local.hardware,
+            "local": dep.local.hardware,
+        }
+        least: dict[str, float] = {}
+        for i in cluster.instances.values():
+            iid, name = i.id, i.cluster
+            if i.role != "prefill" or name not in hardware:
+                continue
+            if not healthy[iid] or iid in draining:
+                continue
+            n = outstanding[iid]
+            wait = n * prefill_time(hardware[name], work[iid] / n) if n else 0.0
+            best = least.get(name)
+            if best is None or wait < best:  # min(): the first of equal waits
+                least[name] = wait
+        return least.get("prfaas", math.inf), least.get("local", math.inf)
 
     # ------------------------------------------------------------------ long-term loop
 
     def pressure(self) -> StagePressure:
         cluster = self.cluster
-        live = [i for i in cluster.instances.values() if self._routable(i)]
-        pre = [cluster.outstanding[i.id] for i in live if i.role == "prefill"]
-        dec = [cluster.outstanding[i.id] for i in live if i.role == "decode"]
+        healthy, draining, outstanding = cluster.healthy, self.state.draining, cluster.outstanding
+        n_pre = n_dec = sum_pre = sum_dec = 0
+        for i in cluster.instances.values():
+            iid = i.id
+            if not healthy[iid] or iid in draining:
+                continue
+            role = i.role
+            if role == "prefill":
+                n_pre += 1
+                sum_pre += outstanding[iid]
+            elif role == "decode":
+                n_dec += 1
+                sum_dec += outstanding[iid]
         return StagePressure(
-            prefill=sum(pre) / len(pre) if pre else float("inf"),
-            decode=sum(dec) / (len(dec) * self.bs_max) if dec else float("inf"),
+            prefill=sum_pre / n_pre if n_pre else float("inf"),
+            decode=sum_dec / (n_dec * self.bs_max) if n_dec else float("inf"),
         )
 
     async def run_long_term(self) -> None:
