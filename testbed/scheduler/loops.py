@@ -241,8 +241,11 @@ class ControlLoops:
                 last_refresh = sample.t
                 decision = await asyncio.to_thread(ctl.replan, sample.t, estimate)
                 why = "workload refresh"
-            else:
+            elif ctl.moved(estimate):
                 decision = await asyncio.to_thread(ctl.update, sample.t, estimate)
+                why = "bandwidth moved"
+            else:  # nothing to plan: no thread for an unchanged decision
+                decision = ctl.update(sample.t, estimate)
                 why = "bandwidth moved"
             w_prfaas, w_local = self.waits()
             if self.balance is not None:

@@ -49,12 +49,13 @@ class ThresholdController:
     def _scarce(self, plan: StagePlan, bandwidth: float) -> bool:
         return plan.egress_gbps * 1e9 / 8 > self.scarce_utilisation * bandwidth
 
+    def moved(self, bandwidth: float) -> bool:
+        """The estimate left the band around the one t was planned with: `update` re-plans."""
+        return abs(bandwidth - self.planned_bandwidth) > self.replan_change * self.planned_bandwidth
+
     def update(self, now: float, bandwidth: float) -> ThresholdDecision:
         """`now` in real seconds, `bandwidth` the current estimate in real bytes/s."""
-        moved = (
-            abs(bandwidth - self.planned_bandwidth) > self.replan_change * self.planned_bandwidth
-        )
-        return self._replan(now, bandwidth) if moved else self._decision(False)
+        return self._replan(now, bandwidth) if self.moved(bandwidth) else self._decision(False)
 
     def replan(self, now: float, bandwidth: float) -> ThresholdDecision:
         """Re-plan even if the bandwidth did not move: the planner's other inputs did (the
