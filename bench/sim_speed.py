@@ -47,14 +47,14 @@ def child(spec_path: str) -> int:
     simulate = sim_run.simulate
     cpu: list[float] = []
 
-    def timed(inputs: Any) -> Any:
+    def timed(*args: Any, **kwargs: Any) -> Any:
         t0 = time.process_time()
         try:
-            return simulate(inputs)
+            return simulate(*args, **kwargs)
         finally:
             cpu.append(time.process_time() - t0)
 
-    sim_run.simulate = timed  # type: ignore[assignment]
+    sim_run.simulate = timed
     from testbed.cli import main as cli
 
     rc = cli(spec["argv"])
@@ -136,7 +136,7 @@ def profile(args: argparse.Namespace, trace: Path | None, policy: str | None) ->
     from testbed.cli import main as cli
 
     simulate, prof = sim_run.simulate, cProfile.Profile()
-    sim_run.simulate = lambda inputs: prof.runcall(simulate, inputs)  # type: ignore[assignment]
+    sim_run.simulate = lambda *a, **k: prof.runcall(simulate, *a, **k)
     with tempfile.TemporaryDirectory() as out:
         cli([*cli_args(args, trace, policy), "--out", out])
     pstats.Stats(prof).sort_stats("tottime").print_stats(20)
