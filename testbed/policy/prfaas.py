@@ -34,10 +34,11 @@ class Prfaas:
         if t is None:
             raise ValueError(f"{self.name} needs a threshold in the snapshot")
         total = request.input_tokens
-        local, remote = (
-            (request.cached_local, request.cached_prfaas) if self.cache_aware else (0, 0)
-        )
-        view = RequestView(request.id, total, request.output_tokens, local, remote)
+        if self.cache_aware:  # the request as it is (`_route` reads its lengths only)
+            local, remote, view = request.cached_local, request.cached_prfaas, request
+        else:
+            local, remote = 0, 0
+            view = RequestView(request.id, total, request.output_tokens, local, remote)
         if snapshot.bandwidth_scarce or not self.cache_aware:
             cluster: Cluster = "local" if total - local <= t else "prfaas"
             return _route(view, snapshot, cluster, t)
