@@ -183,7 +183,7 @@ Stages = tuple[float, float, float, float]
 class _Search:
     """What every (threshold, split) pair of one search shares, and the two ways to evaluate
     pairs: `point` runs the scalar code on one pair (the reference, and how the winner's plan is
-    built); `best_pair` finds the winner among all pairs at once with numpy."""
+    built); `grid` evaluates every pair at once with numpy (testbed.planner_grid)."""
 
     model: ModelProfile
     prfaas_hw: str | None

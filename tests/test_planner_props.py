@@ -1,6 +1,6 @@
 """Property tests: the planner's vectorised search is the exhaustive search, on any input.
 
-`plan_deployment` finds the best (threshold, PD split) pair with numpy (`_Search.best_pair`)
+`plan_deployment` finds the best (threshold, PD split) pair with numpy (testbed.planner_grid)
 and builds the plan of that pair alone with the scalar code; `exhaustive=True` runs the scalar
 code on every pair. Ties are the hard part: with the split free, every threshold whose pairs are
 bound by PD-D has the same Lambda_max, and only the stage imbalance (then the order) decides.
@@ -8,7 +8,8 @@ These draw deployments (models, sizes, links from a trickle to plenty), empirica
 the long-term loop's observed window (with repeated lengths, single lengths, huge spreads),
 pinned splits and fixed thresholds, and require the two plans to be equal field for field; and
 the array helpers the search uses (`split_many`, `Curve.many`, `kv_bytes_many`,
-`prefill_time_many`) to equal their scalar counterparts bit for bit.
+`prefill_time_many`, and testbed.planner_grid's table-driven ones the search now uses) to equal
+their scalar counterparts bit for bit.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 from testbed.config import DeploymentConfig
 from testbed.planner import PlanInputs, SplitSearch, plan_deployment
+from testbed.planner_grid import curve_many, kv_bytes_many, prefill_time_many
 from testbed.profiles import MODELS
 from testbed.workload.lengths import (
     EmpiricalLengths,
@@ -152,3 +154,36 @@ def test_one_search_answers_every_split(
         assert search.plan(n) == plan_deployment(
             "d", dep, inputs, link_bytes_per_s=link, n_prefill=n
         )
+
+
+@SETTINGS
+@given(xs=st.lists(st.floats(-1e6, 1e7, allow_nan=False), min_size=1, max_size=50))
+def test_table_curves_are_the_scalar_curves(xs: list[float]) -> None:
+    """The search's curves (lookup tables built once per curve) are `Curve.__call__` and the
+    model's scalar profiles, element for element."""
+    arr = np.array(xs)
+    for model in (MODELS[name] for name in BUILT_IN):
+        assert [float(v) for v in curve_many(model.kv_bytes_curve, arr)] == [
+            model.kv_bytes_curve(x) for x in xs
+        ]
+        assert [float(v) for v in kv_bytes_many(model, arr)] == [model.kv_bytes(x) for x in xs]
+        for hw in model.prefill:
+            pf = prefill_time_many(model, hw, arr)
+            assert [float(v) for v in pf] == [model.prefill_time(hw, x) for x in xs]
+
+
+def test_a_remembered_lognormal_grid_plans_as_a_fresh_one() -> None:
+    """The scalar-only log-normal's splits are remembered per grid: the second search over the
+    same distribution (the short-term loop's first re-plan after the run's plan) reads them
+    and plans what the exhaustive search plans, pinned or free."""
+    dep = DeploymentConfig.model_validate({
+        "kind": "prfaas-pd", "model": "internal-1t-hybrid",
+        "prfaas": {"hardware": "h200x8", "instances": 4},
+        "local": {"hardware": "h20x8", "instances": 8}, "link": {"bandwidth": "100Gbps"},
+    })  # fmt: skip
+    inputs = PlanInputs(TruncatedLognormal(9.9, 1.0, 128.0, 128_000.0), 1024.0, 0.025, 100.0)
+    first = plan_deployment("d", dep, inputs)
+    for kw in ({}, {"n_prefill": 3}, {"link_bytes_per_s": 1e9}):
+        again = plan_deployment("d", dep, inputs, **kw)
+        assert again == plan_deployment("d", dep, inputs, exhaustive=True, **kw)
+    assert first == plan_deployment("d", dep, inputs)
