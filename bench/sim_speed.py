@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from provenance import provenance  # bench/provenance.py: the script's directory on sys.path
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -167,7 +169,6 @@ def main() -> int:
     srcs = [ROOT, *[s.resolve() for s in args.src or []]]
     policies = args.policy or [None]
     load_before = os.getloadavg()
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows: dict[tuple[str, str], list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         trace = args.trace.resolve() if args.trace else None
@@ -183,10 +184,9 @@ def main() -> int:
                           f"simulate {r['simulate_cpu_s']:6.2f} CPU s, command "
                           f"{r['command_cpu_s']:6.2f} CPU s, {r['requests']:.0f} requests "
                           f"(load {os.getloadavg()[0]:.2f})", flush=True)  # fmt: skip
-        load_after = os.getloadavg()
         table = _table(rows)
         print(table)
-        head = _provenance(args, srcs, cpu, load_before, load_after, started)
+        head = _provenance(args, srcs, cpu, load_before)
         print(head)
         if args.report is not None:
             what = f"{Path(args.scenario).name}" + (
@@ -214,33 +214,42 @@ def main() -> int:
 
 
 def _table(rows: dict[tuple[str, str], list[dict[str, float]]]) -> str:
-    out = ("| code | policy | runs | requests | simulate, CPU s | command, CPU s |\n"
-           "|---|---|---|---|---|---|\n")  # fmt: skip
+    """A row per (checkout, policy): medians [min-max] of its runs; with `prfaas-static` among
+    the policies, each run's simulate CPU over the static run of the same round and checkout
+    (the same pair: the two ran back to back), the median of those ratios."""
+    out = ("| code | policy | runs | requests | simulate, CPU s | command, CPU s "
+           "| simulate / prfaas-static, same pairs |\n"
+           "|---|---|---|---|---|---|---|\n")  # fmt: skip
 
     def fig(rs: list[dict[str, float]], key: str) -> str:
         xs = [r[key] for r in rs]
         return f"{statistics.median(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]"
 
     for (code, policy), rs in rows.items():
+        static = rows.get((code, "prfaas-static"))
+        ratio = "-"
+        if static is not None and len(static) == len(rs):
+            xs = [
+                r["simulate_cpu_s"] / s["simulate_cpu_s"] for r, s in zip(rs, static, strict=True)
+            ]
+            ratio = f"{statistics.median(xs):.2f}x [{min(xs):.2f}-{max(xs):.2f}]"
         out += (f"| {code} | {policy} | {len(rs)} | {rs[0]['requests']:.0f} | "
-                f"{fig(rs, 'simulate_cpu_s')} | {fig(rs, 'command_cpu_s')} |\n")  # fmt: skip
+                f"{fig(rs, 'simulate_cpu_s')} | {fig(rs, 'command_cpu_s')} "
+                f"| {ratio} |\n")  # fmt: skip
     return out
 
 
 def _provenance(
-    args: argparse.Namespace,
-    srcs: list[Path],
-    cpu: int | None,
-    before: tuple[float, ...],
-    after: tuple[float, ...],
-    started: str,
+    args: argparse.Namespace, srcs: list[Path], cpu: int | None, before: tuple[float, ...]
 ) -> str:
-    return (
-        f"- command: `python bench/sim_speed.py {' '.join(sys.argv[1:])}`\n"
-        f"- commit: {', '.join(f'{label(s)} ({s})' for s in srcs)}\n"
-        f"- date: {started}\n"
-        f"- machine: {os.cpu_count()} cores, runs pinned to core {cpu}; load average (1 min) "
-        f"before {before[0]:.2f}, after {after[0]:.2f}\n"
+    """bench/provenance.py's header, plus the checkouts run and the core they were pinned to."""
+    runs = f"{args.scenario} on the sim substrate, its seed"
+    if args.trace is not None:
+        runs += f", trace {args.trace.name}" + (f" x{args.times}" if args.times > 1 else "")
+    head = provenance("bench/sim_speed.py", sys.argv[1:], before, runs)
+    checkouts = ", ".join(f"{label(s)} ({s})" for s in srcs)
+    return head + (
+        f"- checkouts: {checkouts}; runs pinned to core {cpu}, one at a time, interleaved\n"
     )
 
 
