@@ -4,17 +4,20 @@ cluster send (through the decode's "link" address, here its KV port)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from testbed.services.decode import create_app as decode_app
 from testbed.services.facade.journal import VERIFIED
+from testbed.services.prefill import STATE as PREFILL_STATE
 from testbed.services.prefill import create_app as prefill_app
 from testbed.services.spec import InstanceInfo, ServiceSpec
 
@@ -25,6 +28,18 @@ SCALE = {"time_scale": 200.0, "byte_scale": 20000.0}
 def server(app: web.Application) -> TestServer:
     """As the services serve (services.host): a closed connection cancels its handler."""
     return TestServer(app, host="127.0.0.1", handler_cancellation=True)
+
+
+def hold_prefills(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hold every prefill of this worker at its start until it is cancelled. A test that cancels
+    a running prefill must not race the prefill's end: with a long prompt timed in wall seconds
+    instead, a loaded machine let the prompt finish between two polls (a 200, not the 503)."""
+    state = client.server.app[PREFILL_STATE]
+
+    async def held(_job: object) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(state, "prefill", held)
 
 
 def fixture(router: str, name: str) -> dict[str, Any]:

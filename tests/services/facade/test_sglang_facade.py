@@ -20,7 +20,7 @@ from testbed.services.decode import create_app as decode_app
 from testbed.services.facade.text import tokenizer_dir
 from testbed.services.kv_targets import kv_address
 from testbed.services.spec import InstanceInfo, ServiceSpec
-from tests.services.facade.fleet import SCALE, Fleet, make_fleet, server
+from tests.services.facade.fleet import SCALE, Fleet, hold_prefills, make_fleet, server
 from tests.services.facade.fleet import attempts as _attempts
 from tests.services.facade.fleet import fixture as _fixture
 
@@ -171,24 +171,23 @@ async def test_a_kv_timeout_is_a_503_not_a_broken_stream(short_fleet: Fleet) -> 
     assert state.waiting_kv == 0 and state.receiver.stats().requests_tracked == 0
 
 
-async def test_a_failed_prefill_releases_its_decode_half_at_once(fleet: Fleet) -> None:
+async def test_a_failed_prefill_releases_its_decode_half_at_once(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The gateway closes the prefill request (a retry, a client gone): the prefill half ends
     the room, and the decode half learns it through its bootstrap poll: a 503 at once."""
     pc = fleet.prefill[0]
     assert pc.server.port is not None
+    hold_prefills(pc, monkeypatch)  # running until cancelled, whatever the machine's load
     p, _ = _pairs(fixture("round_robin"))[0]
-    # a prefill long enough (~1 s of wall time here) that the poll below sees it running on a
-    # loaded machine too: with 200K tokens it could end between two polls and the decode got a 200
-    body = {**p["body"], "bootstrap_port": pc.server.port, "bootstrap_room": 13,
-            "input_tokens": 1_000_000}  # fmt: skip
+    body = {**p["body"], "bootstrap_port": pc.server.port, "bootstrap_room": 13}
     prefill = asyncio.ensure_future(pc.post("/v1/completions", json=body))
     decode = asyncio.ensure_future(fleet.decode[0].post("/v1/completions", json=body))
     async with asyncio.timeout(20):
-        while not await _attempts(pc) and not prefill.done():
-            await asyncio.sleep(0.05)
-            if (await (await pc.get("/stats")).json())["running"]:
-                prefill.cancel()
-                break
+        while not (await (await pc.get("/stats")).json())["running"]:
+            assert not prefill.done()
+            await asyncio.sleep(0.02)
+        prefill.cancel()
         resp = await decode
     assert resp.status == 503
     (attempt,) = await _attempts(pc)

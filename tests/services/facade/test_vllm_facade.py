@@ -19,7 +19,7 @@ from testbed.services.decode import STATE as DECODE_STATE
 from testbed.services.facade.render import token_ids
 from testbed.services.facade.rooms import FACADE as PREFILL_FACADE
 from testbed.services.tokenizer import codec
-from tests.services.facade.fleet import SCALE, Fleet, attempts, make_fleet
+from tests.services.facade.fleet import SCALE, Fleet, attempts, hold_prefills, make_fleet
 from tests.services.facade.fleet import fixture as _fixture
 
 
@@ -237,12 +237,15 @@ async def test_a_held_kv_no_decode_pulls_is_released(short_fleet: Fleet) -> None
     assert "holds no KV" in (await resp.json())["error"]["message"]
 
 
-async def test_a_prefill_the_router_closes_is_released(fleet: Fleet) -> None:
+async def test_a_prefill_the_router_closes_is_released(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The router goes away while the prompt is computed: the job is cancelled and the attempt
     journaled as released; the handle was never published."""
     pc = fleet.prefill[0]
+    hold_prefills(pc, monkeypatch)  # running until cancelled, whatever the machine's load
     p, _ = _pairs(fixture("round_robin"))[0]
-    body = {**p["body"], "input_tokens": 1_000_000}  # ~1 s of wall time: seen running
+    body = p["body"]
     prefill = asyncio.ensure_future(pc.post("/v1/completions", json=body))
     async with asyncio.timeout(20):
         while not (await (await pc.get("/stats")).json())["running"]:
