@@ -1,8 +1,8 @@
 """What the link emulator costs in CPU: µs per round trip with no toxics, and s per GB unshaped.
 
 CPU, not wall: the machine is shared, and another job on a core stretches wall time far more than
-the emulator's own CPU. Each figure is the emulator process's CPU (all its threads, from
-/proc/PID/task/*/schedstat, in ns) over a fixed amount of work:
+the emulator's own CPU. Each figure is the emulator process's CPU (all its threads, ended ones
+too: /proc/PID/stat, see cpu_ns) over a fixed amount of work:
 
 - per round trip: 64-byte ping-pong through a proxy with no toxics to an echo server in its own
   process, `--rtts` round trips;
@@ -10,7 +10,10 @@ the emulator's own CPU. Each figure is the emulator process's CPU (all its threa
   blocking sender thread to a blocking sink thread (256 KiB sends, 1 MiB receives); the wall
   rate is printed beside raw loopback TCP measured the same way in the same round;
 - per GB shaped (`--shaped MBIT`): the same through a `link_bandwidth` toxic, so the toxic
-  path's cost is on record too.
+  path's cost is on record too;
+- the floor: the same round trips and bytes through bench/floor_relay.py (blocking threads that
+  only recv/send, or splice, and nothing else), in the same round: what any user-space relay
+  pays the kernel here, so the share of the emulator's figure its own code could still save.
 
 `--src DIR` (repeatable) also runs the emulator of another checkout (`testbed link serve` with
 PYTHONPATH=DIR), interleaved with this one round by round, so a before/after pair sees the same
@@ -24,9 +27,12 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,15 +52,18 @@ SEND = memoryview(b"\0" * (256 * 1024))
 
 
 def cpu_ns(pid: int) -> int:
-    """CPU time of every thread of `pid` so far, in ns (schedstat's first field)."""
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # a thread that ended meanwhile
-    return total
+    """CPU time of process `pid` so far, every thread's, those that have ended too, in ns.
+
+    From /proc/PID/stat (utime + stime, in clock ticks: 10 ms here, so a figure wants a few
+    hundred ms of work). Why not the threads' schedstat (ns): a connection's splice thread ends
+    with its connection, and an ended thread leaves /proc/PID/task, so summing the live threads
+    after a transfer lost the very thread that did the work, depending on whether it had exited
+    yet (the floor relay's threads always had: negative figures).
+    """
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat(5)
+    return ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 def push(addr: tuple[str, int], listener: socket.socket, nbytes: int) -> float:
@@ -86,6 +95,39 @@ def push(addr: tuple[str, int], listener: socket.socket, nbytes: int) -> float:
     if got[0] < nbytes:
         raise RuntimeError(f"sink got {got[0]} of {nbytes} bytes")
     return wall
+
+
+@contextmanager
+def floor_relay(upstream: tuple[str, int], mode: str) -> Iterator[tuple[int, int]]:
+    """bench/floor_relay.py in its own process to `upstream`: its port and pid; always stopped."""
+    cmd = [sys.executable, str(ROOT / "bench/floor_relay.py"), *map(str, upstream), "--mode", mode]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        yield int(proc.stdout.readline()), proc.pid
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def measure_floor(echo: tuple[str, int], args: argparse.Namespace) -> dict[str, float]:
+    """The floor relay's CPU for the same round trips and bytes as `measure`."""
+    out: dict[str, float] = {}
+    with floor_relay(echo, "copy") as (port, pid):
+        p = Pinger(("127.0.0.1", port))
+        c0 = cpu_ns(pid)
+        for _ in range(args.rtts):
+            p.rtt()
+        out["floor_rtt_us"] = (cpu_ns(pid) - c0) / 1e3 / args.rtts
+        p.close()
+    nbytes = args.mib << 20
+    ls = local_listener()
+    with floor_relay(ls.getsockname(), "splice") as (port, pid):
+        c0 = cpu_ns(pid)
+        push(("127.0.0.1", port), ls, nbytes)
+        out["floor_s_per_gb"] = (cpu_ns(pid) - c0) / 1e9 / (nbytes / 1e9)
+    ls.close()
+    return out
 
 
 def measure(
@@ -128,7 +170,7 @@ def measure(
         out["shaped_s_per_gb"] = (cpu_ns(pid) - c0) / 1e9 / (shaped / 1e9)
         api(url, "DELETE", "/proxies/cpu-shaped")
         ls.close()
-    return out
+    return out | measure_floor(echo, args)
 
 
 def run(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
@@ -152,6 +194,10 @@ FIGURES = {
     "raw_mb_s": ("raw loopback wall MB/s, same round", "{:.0f}"),
     "of_raw": ("unshaped / raw loopback (median of per-round ratios)", "{:.0%}"),
     "shaped_s_per_gb": ("CPU s per GB through link_bandwidth", "{:.3f}"),
+    "floor_rtt_us": ("floor relay: CPU µs per round trip (recv + send threads)", "{:.1f}"),
+    "floor_s_per_gb": ("floor relay: CPU s per GB (splice threads)", "{:.3f}"),
+    "rtt_over_floor": ("round trip: emulator / floor (median of per-round ratios)", "{:.2f}x"),
+    "gb_over_floor": ("per GB: emulator / floor (median of per-round ratios)", "{:.2f}x"),
 }
 """Figure key -> (label, format), in the table's order (provenance.checkout_table)."""
 
@@ -160,13 +206,15 @@ def table(results: dict[str, list[dict[str, float]]]) -> str:
     for runs in results.values():
         for r in runs:
             r["of_raw"] = r["mb_s"] / r["raw_mb_s"]
+            r["rtt_over_floor"] = r["rtt_us"] / r["floor_rtt_us"]
+            r["gb_over_floor"] = r["s_per_gb"] / r["floor_s_per_gb"]
     return "\n".join(checkout_table(results, FIGURES))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--rtts", type=int, default=5000)
+    parser.add_argument("--rtts", type=int, default=20000)
     parser.add_argument("--mib", type=int, default=1024)
     parser.add_argument("--shaped", type=float, default=0.0, help="also a shaped run (Mbit/s)")
     parser.add_argument("--src", action="append", default=[], help="another checkout to run")

@@ -9,7 +9,7 @@ Exempt, with the reason (docs/experiments.md lists them too):
   (minutes per figure, and their point is the wall clock);
 - link_accuracy.py, shaper_agreement.py: live, and the tc shaper needs root;
 - link_cpu.py, transfer_cpu.py: live emulator or transfer processes and sockets (their figure
-  is its CPU);
+  is its CPU); floor_relay.py is link_cpu.py's relay process;
 - router_faults.py: live, the external routers (vllm-router, SGLang's gateway) installed;
 - real_model_timing.py: torch (the `model` extra);
 - sim_vs_live.py: its live leg (the sim leg alone is what the other smoke tests run);
@@ -51,6 +51,7 @@ EXEMPT = {
     "facade_cost.py": "live",
     "fidelity.py": "live",
     "lifecycle_parity.py": "two checkouts of the project (before and after a change)",
+    "floor_relay.py": "link_cpu.py's relay process, live sockets",
     "link_accuracy.py": "live, tc needs root",
     "link_cpu.py": "live emulator processes and sockets",
     "long_prompts.py": "live",
