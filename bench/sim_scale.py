@@ -5,23 +5,33 @@ lambda_max, for one simulated hour.
 
 The scenario is scenarios/paper.yaml with the instance counts, the link bandwidth and the
 duration replaced (in memory; `--write-scenario PATH` saves it, so `testbed run PATH --substrate
-sim` runs the same thing). Prints the planner's time (prepare_s: the run plan, requests
-included), simulate_s, the results' summary (results_s), the peak RSS (getrusage ru_maxrss) and
-simulated requests per wall second. `--profile` runs the simulation under cProfile instead and
-prints where its time goes.
+sim` runs the same thing). The records go to OUT/requests.jsonl as they finish and the history
+to OUT/history.jsonl, as `testbed run --substrate sim` writes them (testbed.metrics.stream), and
+the summary is computed from what the run kept of them (a RecordTable and a RunHistory).
 
-Usage: python bench/sim_scale.py [--factor 104] [--duration 3600] [--cpu 0] [--profile]
-Target (issue #15): simulate under 10 minutes wall and 4 GiB RSS on one core.
+Prints the planner's time (prepare_s: the run plan, requests included), simulate_s with its CPU
+seconds (time.process_time), the results (results_s: history.jsonl and the summary), the peak
+RSS (getrusage ru_maxrss), simulated requests per wall second, and the lines of requests.jsonl
+against the requests offered. `--profile` runs the simulation under cProfile instead and prints
+where its time goes.
+
+Usage: python bench/sim_scale.py [--factor 104] [--duration 3600] [--cpu 0] [--policy NAME]
+    [--out DIR] [--profile]
+Targets: issue #15, simulate under 10 minutes wall and 4 GiB RSS on one core; issue #35, the
+hour in <= 120 CPU s with prfaas-static, <= 180 with prfaas, peak RSS <= 1 GiB, every request in
+requests.jsonl.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import os
 import pstats
 import resource
-import sys
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -59,23 +69,30 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--write-scenario", type=Path)
     ap.add_argument(
+        "--out", type=Path, help="keep requests.jsonl, history.jsonl, summary.json here"
+    )
+    ap.add_argument(
         "--policy", default="prfaas-static", help="e.g. prfaas: the re-planning scheduler loops"
     )
     args = ap.parse_args()
     if args.cpu >= 0:
         os.sched_setaffinity(0, {args.cpu})
 
+    from testbed.clock import Scale
+    from testbed.metrics.files import write_jsonl_atomic
+    from testbed.metrics.stream import RecordStream
+    from testbed.metrics.summary import summarize
     from testbed.scenario.plan import prepare_run
     from testbed.scenario.schema import Scenario
     from testbed.scenario.sim_run import sim_inputs
-    from testbed.scenario.sweep import plan_summary, sim_options
+    from testbed.scenario.sweep import sim_options
     from testbed.sim import simulate
 
     raw = scaled_scenario(args.factor, args.duration, args.policy)
     if args.write_scenario:
         args.write_scenario.write_text(yaml.safe_dump(raw, sort_keys=False))
     scenario = Scenario.model_validate(raw)
-    opts = sim_options()
+    opts = sim_options(max_requests=10_000_000)  # the hour plans ~1.008M: over the default cap
     t0 = time.perf_counter()
     rp = prepare_run(scenario, opts)
     prepare_s = time.perf_counter() - t0
@@ -91,23 +108,39 @@ def main() -> int:
     )
     print(f"prepare_s {prepare_s:.2f} (planner search + requests)  RSS {rss_gib():.2f} GiB")
     inp = sim_inputs(rp, opts)
+    out_dir = args.out or Path(tempfile.mkdtemp(prefix="sim_scale-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stream = RecordStream(out_dir / "requests.jsonl")
     if args.profile:
         prof = cProfile.Profile()
-        out = prof.runcall(simulate, inp)
+        out = prof.runcall(simulate, inp, stream)
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        if args.out is None:
+            shutil.rmtree(out_dir)
         return 0
     t0 = time.perf_counter()
     c0 = time.process_time()
-    out = simulate(inp)
+    out = simulate(inp, stream)
     simulate_s = time.perf_counter() - t0
     cpu_s = time.process_time() - c0
     rss_sim = rss_gib()
+    assert out.table is not None and out.run_history is not None
     t0 = time.perf_counter()
-    summary = plan_summary(rp, out.records, out.history)
+    c0 = time.process_time()
+    write_jsonl_atomic(out_dir / "history.jsonl", out.run_history.docs())
+    sc = rp.scenario
+    summary = summarize(
+        out.table, out.run_history, duration_s=rp.duration_s, slo=sc.slo, scale=Scale.of(sc.scale)
+    )
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     results_s = time.perf_counter() - t0
+    results_cpu = time.process_time() - c0
     n = len(out.submitted)
+    with (out_dir / "requests.jsonl").open("rb") as fh:
+        lines = sum(1 for _ in fh)
     print(
-        f"simulate_s {simulate_s:.1f} (cpu {cpu_s:.1f})  results_s {results_s:.1f}  "
+        f"simulate_s {simulate_s:.1f} (cpu {cpu_s:.1f})  results_s {results_s:.1f} (cpu "
+        f"{results_cpu:.1f}: history.jsonl and the summary)  "
         f"RSS peak {rss_gib():.2f} GiB (after simulate {rss_sim:.2f})  "
         f"{n / simulate_s:.0f} req/wall s  x{args.duration / simulate_s:.0f} real time"
     )
@@ -115,8 +148,15 @@ def main() -> int:
         f"requests {n} completed {summary['requests']['completed']} failed "
         f"{summary['requests']['failed']}; throughput {summary['throughput_rps']:.1f} req/s, "
         f"TTFT p50 {summary['ttft_s']['p50']:.2f}s p90 {summary['ttft_s']['p90']:.2f}s; "
-        f"history events {len(out.history)}; notes {out.notes}"
+        f"history events {len(out.run_history)}; notes {out.notes}"
     )
+    print(
+        f"requests.jsonl {lines} lines for {len(rp.requests)} requests offered "
+        f"({'every one' if lines == len(rp.requests) else 'NOT every one'})"
+        + (f"; files in {out_dir}" if args.out else "")
+    )
+    if args.out is None:
+        shutil.rmtree(out_dir)
     rss_ok = rss_gib() < 4
     print(
         f"target (simulate < 600 s on one core, RSS < 4 GiB): wall {simulate_s:.0f} s "
@@ -124,8 +164,15 @@ def main() -> int:
         f"{'met' if cpu_s < 600 and rss_ok else 'NOT met'} (wall exceeds CPU when other jobs "
         "share the core)"
     )
+    cpu_target = 120 if args.policy == "prfaas-static" else 180
+    print(
+        f"issue #35 (CPU <= {cpu_target} s for {args.policy}, peak RSS <= 1 GiB, every request "
+        f"in requests.jsonl): CPU {cpu_s:.0f} s {'met' if cpu_s <= cpu_target else 'NOT met'}, "
+        f"RSS {rss_gib():.2f} GiB {'met' if rss_gib() <= 1 else 'NOT met'}, requests "
+        f"{'met' if lines == len(rp.requests) else 'NOT met'}"
+    )
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -64,8 +64,9 @@ class RecordTable:
         self._fallback_seen = False
         self.decision_wall: list[float] = []
         self.decision_answer: list[float] = []
-        self.own: list[tuple[float, float]] = []
-        """(arrival, threshold) of requests the policy decided with a threshold of its own."""
+        self.own = array("d")
+        """arrival, threshold, arrival, ... of requests the policy decided naming a threshold
+        (a built-in policy names the scheduler's on every request: 16 bytes each here)."""
 
     @classmethod
     def of(cls, records: Iterable[RequestRecord]) -> RecordTable:
@@ -130,9 +131,15 @@ class RecordTable:
             if r.decision_answer_s is not None:
                 self.decision_answer.append(r.decision_answer_s)
             if by == "policy" and r.threshold_tokens is not None:
-                self.own.append((r.arrival, float(r.threshold_tokens)))
+                self.own.append(r.arrival)
+                self.own.append(float(r.threshold_tokens))
 
     # --- the columns as numpy arrays, and what the summary derives from them ---
+
+    def own_thresholds(self) -> list[tuple[float, float]]:
+        """(arrival, threshold) pairs of `own`, sorted (metrics.thresholds.own_thresholds)."""
+        own = self.own
+        return sorted(zip(own[0::2], own[1::2], strict=True))
 
     def columns(self) -> dict[str, np.ndarray]:
         """arrival, first, last, tokens_out, input, cached, route, done, and the latencies

@@ -42,7 +42,7 @@ def own_thresholds(records: Sequence[RequestRecord] | RecordTable) -> Steps:
     threshold, by arrival: an outside policy's own threshold over the run (an HTTP answer's
     `route.threshold_tokens`, a plugin's `Route.threshold_tokens`)."""
     if isinstance(records, RecordTable):
-        return sorted(records.own)
+        return records.own_thresholds()
     return sorted(
         (r.arrival, float(r.threshold_tokens))
         for r in records
