@@ -110,16 +110,22 @@ def floor_relay(upstream: tuple[str, int], mode: str) -> Iterator[tuple[int, int
         proc.wait(10)
 
 
+def rtt_cpu_us(port: int, pid: int, rtts: int) -> float:
+    """`pid`'s CPU µs per 64-byte round trip through 127.0.0.1:`port`."""
+    p = Pinger(("127.0.0.1", port))
+    c0 = cpu_ns(pid)
+    for _ in range(rtts):
+        p.rtt()
+    used = (cpu_ns(pid) - c0) / 1e3 / rtts
+    p.close()
+    return used
+
+
 def measure_floor(echo: tuple[str, int], args: argparse.Namespace) -> dict[str, float]:
     """The floor relay's CPU for the same round trips and bytes as `measure`."""
     out: dict[str, float] = {}
     with floor_relay(echo, "copy") as (port, pid):
-        p = Pinger(("127.0.0.1", port))
-        c0 = cpu_ns(pid)
-        for _ in range(args.rtts):
-            p.rtt()
-        out["floor_rtt_us"] = (cpu_ns(pid) - c0) / 1e3 / args.rtts
-        p.close()
+        out["floor_rtt_us"] = rtt_cpu_us(port, pid, args.rtts)
     nbytes = args.mib << 20
     ls = local_listener()
     with floor_relay(ls.getsockname(), "splice") as (port, pid):
@@ -135,13 +141,7 @@ def measure(
 ) -> dict[str, float]:
     """One round of every figure against one emulator."""
     out: dict[str, float] = {}
-    port = make_proxy(url, "cpu-rtt", echo)
-    p = Pinger(("127.0.0.1", port))
-    c0 = cpu_ns(pid)
-    for _ in range(args.rtts):
-        p.rtt()
-    out["rtt_us"] = (cpu_ns(pid) - c0) / 1e3 / args.rtts
-    p.close()
+    out["rtt_us"] = rtt_cpu_us(make_proxy(url, "cpu-rtt", echo), pid, args.rtts)
     api(url, "DELETE", "/proxies/cpu-rtt")
 
     nbytes = args.mib << 20
