@@ -41,8 +41,10 @@ attempts (our own router's runs).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from typing import Any
 
+from testbed.metrics.history import events
 from testbed.metrics.records import HistoryEvent, RequestRecord
 
 __all__ = ["reaction_lines", "router_reaction"]
@@ -131,12 +133,14 @@ def _fault_windows(history: list[HistoryEvent]) -> list[dict[str, Any]]:
 
 
 def router_reaction(
-    records: list[RequestRecord], history: list[HistoryEvent]
+    records: Sequence[RequestRecord], history: Sequence[HistoryEvent]
 ) -> dict[str, Any] | None:
-    """The section (see the module's doc); None without attempts."""
-    attempts = [e.data for e in history if e.kind == "attempt"]
+    """The section (see the module's doc); None without attempts (found without building a
+    `RunHistory`'s queue samples: the sim's runs have none)."""
+    attempts = [e.data for e in events(history, "attempt")]
     if not attempts:
         return None
+    history = list(history)
     by_side: dict[str, Counter[str]] = defaultdict(Counter)
     orphans: dict[str, Counter[str]] = defaultdict(Counter)
     per_request: dict[str, Counter[str]] = defaultdict(Counter)

@@ -298,7 +298,7 @@ def summarize(
         "decisions": decisions(table, history, scale),
     }
     # an external router's attempts (live only: the sim, whose table may hold no records, has none)
-    reaction = router_reaction(table.records, list(history)) if table.records is not None else None
+    reaction = router_reaction(table.records, history) if table.records is not None else None
     if reaction is not None:
         summary["router_reaction"] = reaction
     if outside_policy(summary["decisions"]):  # its own threshold, the fallback's beside it

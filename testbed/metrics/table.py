@@ -37,7 +37,8 @@ class RecordTable:
 
     def __init__(self) -> None:
         self.records: list[RequestRecord] | None = None
-        """The records themselves when the table was made from them (`of`), else None."""
+        """The records themselves when the table was made from them (`of`) or a `RecordStream`
+        kept them (at most its `keep`), else None."""
         self.arrival = array("d")
         self.first_token = array("d")  # nan: None
         self.last_token = array("d")

@@ -40,6 +40,16 @@ def test_records_are_written_in_submission_order_whatever_order_they_finish(
     assert list(stream.table.arrival) == [0.0, 1.0, 2.0, 4.0, 5.0]
     back = RecordFile(path, 5, keep=0)  # read from the file on every pass
     assert list(back) == expected and list(back) == expected and back[-1] == expected[-1]
+    assert stream.table.records == expected  # a small run keeps them for its checkers
+
+
+def test_a_run_past_keep_holds_no_records(tmp_path: Path) -> None:
+    stream = RecordStream(tmp_path / "requests.jsonl", keep=2)
+    for i in range(3):
+        stream.submitted(f"r{i}")
+        stream.put(_rec(i))
+    stream.close()
+    assert stream.table.records is None and len(stream.table) == 3
 
 
 def _q(t: float, inst: str, depth: int, role: str = "prefill") -> HistoryEvent:
