@@ -61,6 +61,7 @@ MAX_LINE_BYTES = 8 << 20
 """Longest trace line read (a 10M-token prompt's hash_ids take about 0.4 MB)."""
 MAX_TOKENS = 10_000_000
 """Largest input or output length a request may have (the router's own bound)."""
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 MAX_TIMESTAMP_MS = 1e12
 """About 31 years: a timestamp past this is garbage, not a long trace."""
 
@@ -116,7 +117,11 @@ def _parse_line(text: str, where: str, line: int) -> TraceRequest:
     ids = doc["hash_ids"]
     if not isinstance(ids, list):
         raise ConfigError(f"{where}: hash_ids must be a list of integers")
-    for i, h in enumerate(ids):
+    if all(type(h) is int for h in ids) and (
+        not ids or (_I64_MIN <= min(ids) and max(ids) <= _I64_MAX)
+    ):
+        return TraceRequest(float(ts) / 1000.0, n_in, n_out, tuple(ids), line)  # the usual line
+    for i, h in enumerate(ids):  # a bad id: find the first, to name it
         if isinstance(h, bool) or not isinstance(h, int):
             raise ConfigError(f"{where}: hash_ids[{i}] must be an integer, got {_show(h)}")
         if not -(2**63) <= h < 2**63:
