@@ -9,8 +9,8 @@ sizes always add up to S_kv(l) exactly.
 
 from __future__ import annotations
 
-import bisect
 import math
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,11 +36,16 @@ class Curve:
         return cls(tuple(p[0] for p in points), tuple(p[1] for p in points))
 
     def __call__(self, x: float) -> float:
-        i = bisect.bisect_right(self.xs, x)
-        i = min(max(i, 1), len(self.xs) - 1)
-        x0, x1 = self.xs[i - 1], self.xs[i]
-        y0, y1 = self.ys[i - 1], self.ys[i]
-        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        # the segment clamped by comparisons, not min/max calls: policies evaluate a curve
+        # several times per decision (`many` below must stay equal to this bit for bit)
+        xs, ys = self.xs, self.ys
+        i = bisect_right(xs, x)
+        if i < 1:
+            i = 1
+        elif i >= len(xs):
+            i = len(xs) - 1
+        x0, y0 = xs[i - 1], ys[i - 1]
+        return y0 + (ys[i] - y0) * (x - x0) / (xs[i] - x0)
 
     def many(self, x: np.ndarray) -> np.ndarray:
         """The curve at every element of `x`, each equal to `self(x_i)` bit for bit (the same

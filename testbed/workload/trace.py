@@ -118,7 +118,7 @@ def _parse_line(text: str, where: str, line: int) -> TraceRequest:
     if not isinstance(ids, list):
         raise ConfigError(f"{where}: hash_ids must be a list of integers")
     if all(type(h) is int for h in ids) and (
-        not ids or (_I64_MIN <= min(ids) and max(ids) <= _I64_MAX)
+        not ids or (min(ids) >= _I64_MIN and max(ids) <= _I64_MAX)
     ):
         return TraceRequest(float(ts) / 1000.0, n_in, n_out, tuple(ids), line)  # the usual line
     for i, h in enumerate(ids):  # a bad id: find the first, to name it
