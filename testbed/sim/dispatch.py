@@ -80,6 +80,16 @@ class Attempt:
     timer: asyncio.TimerHandle | None = None
 
 
+def _unlink(att: Attempt) -> None:
+    """Drop an ended attempt's references to what calls back into it (its prefill job's and
+    decode slot's callbacks close over it; its request points at it), so that reference
+    counting frees a request's objects when it ends: left in cycles, the 10K-GPU hour's
+    million requests waited for the cyclic collector (bench/sim_scale.py, docs/sim.md)."""
+    att.req.current = None
+    att.job = att.slot = att.flow = None
+    att.timer = None
+
+
 @dataclass(eq=False, slots=True)
 class SimRequest:
     spec: RequestSpec
@@ -344,7 +354,7 @@ class SimDispatcher:
 
     def _complete(self, att: Attempt) -> None:
         att.over = True
-        att.req.current = None
+        _unlink(att)
         self._finish(att.req, None)
 
     # ------------------------------------------------------------------ failures
@@ -373,13 +383,13 @@ class SimDispatcher:
             dec.cancel(att.slot)
         att.load.release_prefill()
         att.load.release_decode()
+        _unlink(att)
 
     def _attempt_failed(self, att: Attempt, failure: Failure) -> None:
         if att.over:
             return
         self._abandon(att)
         req = att.req
-        req.current = None
         final = req.core.failed(failure)
         if final is not None:
             self._finish(req, final)
