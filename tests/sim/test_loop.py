@@ -50,6 +50,28 @@ def test_timers_at_the_same_time_run_in_the_order_they_were_set() -> None:
     assert run_virtual(main()) == list(range(20))
 
 
+def test_cancelled_timers_never_run_and_are_dropped_from_the_heap() -> None:
+    """Most of 300 timers cancelled: the loop rebuilds its heap without them (as asyncio's
+    does), and the rest still run in time order, ties first in first out."""
+
+    async def main() -> tuple[list[int], int]:
+        loop = asyncio.get_running_loop()
+        ran: list[int] = []
+        timers = [loop.call_at(1.0 + i % 7, ran.append, i) for i in range(300)]
+        for i, t in enumerate(timers):
+            if i % 3:
+                t.cancel()
+        await asyncio.sleep(0.5)  # one turn of the loop with the cancelled majority
+        held = len(loop._scheduled)  # type: ignore[attr-defined]
+        await asyncio.sleep(10)
+        return ran, held
+
+    ran, held = run_virtual(main())
+    kept = [i for i in range(300) if i % 3 == 0]
+    assert ran == sorted(kept, key=lambda i: (1.0 + i % 7, i))
+    assert held <= len(kept) + 1  # the 200 cancelled ones are gone (plus the sleep's timer)
+
+
 def test_waiting_on_what_nothing_will_set_is_a_stall_not_a_hang() -> None:
     async def main() -> None:
         await asyncio.Event().wait()
