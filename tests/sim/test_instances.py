@@ -69,6 +69,43 @@ def test_decode_admits_at_most_bs_max_and_queues_the_rest() -> None:
     assert done[2][0] == pytest.approx(4 * step(2) + step(1))  # it waited for a slot
 
 
+def test_decode_counts_tokens_through_cancel_pause_and_kill() -> None:
+    """A request's tokens are the batch's steps since it joined: read mid-batch, after a
+    cancel (the rest re-timed at once), across a pause, and frozen by a kill."""
+
+    async def main() -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        dec = SimDecode(loop, "d", step, bs_max=8)
+        seen: dict[str, Any] = {}
+        a = Slot(100, lambda f, last: seen.__setitem__("a", (f, last)))
+        b = Slot(30, lambda f, last: seen.__setitem__("b", (f, last)))
+        c = Slot(500, lambda f, last: seen.__setitem__("c", (f, last)))
+        for s in (a, b, c):
+            dec.admit(s)
+        await asyncio.sleep(10 * step(3) + 1e-4)
+        dec.sync(loop.time())
+        seen["at 10"] = (a.generated, b.generated, c.generated, a.first_token)
+        dec.cancel(a)  # leaves with its 10 tokens; b and c go on as a batch of two
+        seen["a after cancel"] = a.generated
+        await asyncio.sleep(5 * step(2) + 1e-4)
+        dec.pause()
+        seen["paused"] = (b.generated, c.generated)
+        await asyncio.sleep(50)  # paused: no token
+        dec.resume()
+        await asyncio.sleep(15 * step(2) + 1e-4)  # b's 30th token, then c alone
+        await asyncio.sleep(7 * step(1) + 1e-4)
+        lost = dec.kill()
+        seen["killed"] = ([s is c for s in lost], c.generated)
+        return seen
+
+    seen = run_virtual(main())
+    assert seen["at 10"] == (10, 10, 10, pytest.approx(step(3)))
+    assert seen["a after cancel"] == 10 and "a" not in seen
+    assert seen["paused"] == (15, 15)
+    assert seen["b"][1] == pytest.approx(10 * step(3) + 20 * step(2) + 50, abs=1e-3)
+    assert seen["killed"] == ([True], 30 + 7)
+
+
 def test_prefill_is_a_fifo_with_profile_times_and_pause_delays_it() -> None:
     async def main() -> list[tuple[str, float]]:
         loop = asyncio.get_running_loop()
