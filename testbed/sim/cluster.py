@@ -128,11 +128,9 @@ class SimCluster:
         if not inst.alive or inst.paused or self.link is None:
             return None  # a dead or stopped worker does not answer /stats
         wire = self.scale.wire_bytes
-        return SenderCounters(
-            bytes_acked=wire(self.link.acked(instance)),
-            in_flight_bytes=wire(self.link.in_queue(instance)),
-            queued_bytes=0.0,
-        )
+        acked, in_queue = self.link.counters(instance)
+        return SenderCounters(bytes_acked=wire(acked), in_flight_bytes=wire(in_queue),
+                              queued_bytes=0.0)  # fmt: skip
 
     async def switch_role(self, instance: str, role: Role, switch_s: float) -> bool:
         inst = self.instances[instance]

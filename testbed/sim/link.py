@@ -218,6 +218,15 @@ class SimLink:
         self._advance(now)
         return self.acked_by.get(sender, 0.0)
 
+    def counters(self, sender: str) -> tuple[float, float]:
+        """(`acked`, `in_queue`) of `sender`. The short-term loop polls every PrfaaS sender
+        each tick (416 at 10K GPUs) and most have no active flow: in fast mode, where reading
+        moves nothing, such a sender's figures are its tally and zero (what the two calls
+        return for it), without building its list of flows twice."""
+        if self._fast and sender not in self._by_sender:
+            return self.acked_by.get(sender, 0.0), 0.0
+        return self.acked(sender), self.in_queue(sender)
+
     def _of(self, sender: str) -> list[Flow]:
         return list(self._by_sender.get(sender, ()))
 

@@ -124,6 +124,7 @@ def _mixed_run(fast: bool, seed: int) -> dict[str, Any]:
         done: dict[str, Any] = {}
         link = SimLink(loop, bandwidth=1 * GB, rtt=0.01, jitter=0.002, seed=3, fast=fast)
         samples: list[float] = []
+        counters: list[bool] = []
         cancelled = None
         for i in range(300):
             await asyncio.sleep(rng.expovariate(20.0))
@@ -140,7 +141,12 @@ def _mixed_run(fast: bool, seed: int) -> dict[str, Any]:
                 link.set_bandwidth(0.5 * GB)
             samples.append(link.carried())
             samples.append(link.acked(f"f{i - 1}"))
+            for sender in (f"f{i - 1}", f"f{i - 20}", "never"):  # busy, done, never sent
+                counters.append(
+                    link.counters(sender) == (link.acked(sender), link.in_queue(sender))
+                )
         await asyncio.sleep(1000)
+        assert all(counters) and len(counters) == 900  # one read of both, the same figures
         done["samples"] = samples
         done["delivered"] = link.carried()
         return done
