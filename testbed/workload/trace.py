@@ -62,6 +62,7 @@ MAX_LINE_BYTES = 8 << 20
 MAX_TOKENS = 10_000_000
 """Largest input or output length a request may have (the router's own bound)."""
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+"""The range of a hash id (a signed 64-bit integer: the chain keys pack it in 8 bytes)."""
 MAX_TIMESTAMP_MS = 1e12
 """About 31 years: a timestamp past this is garbage, not a long trace."""
 
@@ -124,7 +125,7 @@ def _parse_line(text: str, where: str, line: int) -> TraceRequest:
     for i, h in enumerate(ids):  # a bad id: find the first, to name it
         if isinstance(h, bool) or not isinstance(h, int):
             raise ConfigError(f"{where}: hash_ids[{i}] must be an integer, got {_show(h)}")
-        if not -(2**63) <= h < 2**63:
+        if not _I64_MIN <= h <= _I64_MAX:
             raise ConfigError(f"{where}: hash_ids[{i}] must fit in a signed 64-bit integer")
     return TraceRequest(float(ts) / 1000.0, n_in, n_out, tuple(ids), line)
 
