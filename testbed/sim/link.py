@@ -220,9 +220,11 @@ class SimLink:
 
     def counters(self, sender: str) -> tuple[float, float]:
         """(`acked`, `in_queue`) of `sender`. The short-term loop polls every PrfaaS sender
-        each tick (416 at 10K GPUs) and most have no active flow: in fast mode, where reading
-        moves nothing, such a sender's figures are its tally and zero (what the two calls
-        return for it), without building its list of flows twice."""
+        each tick (416 at 10K GPUs; a quarter of them with no active flow in that hour): in
+        fast mode, where reading moves nothing, such a sender's figures are its tally and zero
+        (what the two calls return for it), without building its list of flows twice. (One
+        pass over every sender's flows instead saved nothing measurable: 20.28G instructions
+        either way for 104x's first minute with prfaas.)"""
         if self._fast and sender not in self._by_sender:
             return self.acked_by.get(sender, 0.0), 0.0
         return self.acked(sender), self.in_queue(sender)

@@ -180,3 +180,27 @@ def test_an_uncongested_link_runs_each_flow_with_its_producer() -> None:
     done = _run(script)
     assert done["a"] == pytest.approx(1.0)
     assert done["b"] == pytest.approx(2.0)
+
+
+def test_counters_of_senders_with_several_flows_equal_the_per_sender_reads() -> None:
+    """`SimLink.counters` against `acked` and `in_queue` for senders with several flows under
+    way, produced over different spans, and for one that never sent."""
+
+    async def main() -> list[bool]:
+        loop = asyncio.get_running_loop()
+        link = SimLink(loop, bandwidth=1 * GB, rtt=0.0, jitter=0.0, seed=1, fast=True)
+        done: dict[str, Any] = {}
+        same: list[bool] = []
+        for i in range(12):
+            flow = Flow(0.3 * GB * (1 + i % 4), on_done=lambda at: None,
+                        on_fail=lambda why: done.__setitem__("failed", why),
+                        sender=f"p{i % 3}")  # fmt: skip
+            link.start(flow, duration=0.2 * (1 + i % 5))
+            await asyncio.sleep(0.13)
+            senders = ["p0", "p1", "p2", "idle"]
+            got = [link.counters(s) for s in senders]
+            same.append(got == [(link.acked(s), link.in_queue(s)) for s in senders])
+            same.append(sum(1 for a, q in got if q > 0) >= 1)  # something is queued
+        return same
+
+    assert all(run_virtual(main()))
