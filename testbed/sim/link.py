@@ -1,25 +1,22 @@
 """The cross-datacenter link on the sim: transfers as flows sharing its bandwidth.
 
-Every KV transfer (and prefix pull) that crosses the link is a flow of real-world bytes. At any
-instant the link's capacity is split max-min fairly among the active flows: a flow that cannot
-use its fair share (a layer-wise transfer that has caught up with the prefill producing its KV
-is capped at the production rate, S_kv / T_prefill) leaves the rest to the others. Rates change
-only when a flow starts, catches up with its producer, its producer finishes, it completes, or
-the link changes (a bandwidth fault, a partition, a heal), so the link computes when the next of
-those happens and sets one timer: events grow with transfers, not with bytes or frames.
+Every KV transfer (and prefix pull) across the link is a flow of real-world bytes. The link's
+capacity is split max-min fairly among the active flows: a flow that cannot use its share (a
+layer-wise transfer caught up with the prefill producing its KV is capped at S_kv / T_prefill)
+leaves the rest to the others. Rates change only when a flow starts, catches up with or outlives
+its producer, completes, or the link changes (a fault, a heal), so the link sets one timer for
+the next of those: events grow with transfers, not with bytes or frames.
 
 The common case at scale is a link with room to spare: every flow has caught up with its prefill
-and the producers' rates sum to less than the capacity, so each flow simply runs with its
-producer and ends when the prefill does, whatever the others do. The link then keeps its flows
-in a fast mode: sent bytes are computed from time when asked (aggregates for the link's total),
-and the flows' ends sit in a heap, so a start or an end costs O(log n) instead of re-sharing
-among all n active flows (10,000-instance deployments have hundreds in flight). Anything else (a
-prefix pull with all its bytes there, a congested link, a fault) drops to the general
-water-filling below, which returns to fast mode when the flows are all simple again.
+and the producers' rates sum to less than the capacity, so each runs with its producer and ends
+when the prefill does. The link then keeps its flows in a fast mode: sent bytes computed from
+time when asked (aggregates for the link's total), the flows' ends in a heap, so a start or an
+end costs O(log n) instead of re-sharing among all n active flows (hundreds at 10,000
+instances). Anything else (a prefix pull with all its bytes there, a congested link, a fault)
+drops to the general water-filling below, which returns to fast mode when flows are simple.
 
-A flow's last byte reaches the decode instance one-way delay later (RTT/2 of the link plus any
-latency fault, plus a uniform draw in +-jitter from the run's seed), and its acknowledgement
-reaches the sender the same delay after that.
+A flow's last byte reaches the decode one-way delay later (RTT/2 plus any latency fault plus a
+seeded uniform draw in +-jitter), its acknowledgement the sender the same delay after that.
 
 Faults, as the link verbs (testbed.nemesis.verbs, played by testbed.sim.nemesis) act on the
 transfers (docs/sim.md):
@@ -219,12 +216,8 @@ class SimLink:
         return self.acked_by.get(sender, 0.0)
 
     def counters(self, sender: str) -> tuple[float, float]:
-        """(`acked`, `in_queue`) of `sender`. The short-term loop polls every PrfaaS sender
-        each tick (416 at 10K GPUs; a quarter of them with no active flow in that hour): in
-        fast mode, where reading moves nothing, such a sender's figures are its tally and zero
-        (what the two calls return for it), without building its list of flows twice. (One
-        pass over every sender's flows instead saved nothing measurable: 20.28G instructions
-        either way for 104x's first minute with prfaas.)"""
+        """(`acked`, `in_queue`) of `sender`: the short-term loop polls all 416 PrfaaS senders
+        a tick at 10K GPUs, a quarter idle; in fast mode an idle one's are its tally and 0."""
         if self._fast and sender not in self._by_sender:
             return self.acked_by.get(sender, 0.0), 0.0
         return self.acked(sender), self.in_queue(sender)
