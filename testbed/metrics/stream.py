@@ -7,7 +7,7 @@
   lines, renamed into place when the run ends).
 - the history: `RunHistory` (testbed.metrics.history), its queue samples kept as columns.
 - `RecordFile`: the records of a requests.jsonl as a sequence read back from the file, for the
-  checkers of a streamed run.
+  checkers of a streamed run too large to keep them.
 
 A run of at most `KEEP` records keeps them too (the table's `records`): the checkers then read
 them without parsing the file back, which was a quarter of a 4K-request command's CPU outside
@@ -109,24 +109,17 @@ class RecordStream:
 
 
 class RecordFile(Sequence[RequestRecord]):
-    """The records of a requests.jsonl, read from the file on each pass (held after the first
-    when there are at most `keep` of them)."""
+    """The records of a requests.jsonl, read from the file on each pass: what the checkers of a
+    run past `KEEP` records read (a smaller run's stream kept them, `RecordStream`)."""
 
-    def __init__(self, path: Path, lines: int, keep: int = KEEP) -> None:
+    def __init__(self, path: Path, lines: int) -> None:
         self.path = path
         self.lines = lines
-        self._held: list[RequestRecord] | None = None
-        self._keep = keep
 
     def __len__(self) -> int:
         return self.lines
 
     def __iter__(self) -> Iterator[RequestRecord]:
-        if self._held is not None:
-            return iter(self._held)
-        if self.lines <= self._keep:
-            self._held = list(self._read())
-            return iter(self._held)
         return self._read()
 
     def _read(self) -> Iterator[RequestRecord]:

@@ -38,7 +38,7 @@ def test_records_are_written_in_submission_order_whatever_order_they_finish(
     write_jsonl_atomic(tmp_path / "want.jsonl", (r.to_json() for r in expected))
     assert path.read_bytes() == (tmp_path / "want.jsonl").read_bytes()
     assert list(stream.table.arrival) == [0.0, 1.0, 2.0, 4.0, 5.0]
-    back = RecordFile(path, 5, keep=0)  # read from the file on every pass
+    back = RecordFile(path, 5)  # read from the file on every pass
     assert list(back) == expected and list(back) == expected and back[-1] == expected[-1]
     assert stream.table.records == expected  # a small run keeps them for its checkers
 
