@@ -11,7 +11,9 @@ Clients: `sim` (blocking http.client, keep-alive) and `live` (one aiohttp sessio
 Prints p50/p99 wall milliseconds per decision and the request size, for delta snapshots and,
 for comparison, full ones (`validate=0`, the hot path; no fallback may happen).
 
-Usage: python bench/policy_http.py [--instances 1000] [--decisions 2000]   (~30 s)
+Usage: python bench/policy_http.py [--instances 1000] [--decisions 2000] [--report FILE]
+(~30 s). `--report FILE` also writes the table, under its provenance header, as the
+`policy_http` section of FILE (bench/reports/policy_http.md), the rest of FILE kept.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from provenance import output_section, printed, provenance  # bench/ is on sys.path
 
 from testbed.policy.base import InstanceLoad, RequestView, Snapshot
 from testbed.policy.decider import Decider
@@ -151,7 +154,26 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--instances", type=int, default=1000)
     ap.add_argument("--decisions", type=int, default=2000)
+    ap.add_argument(
+        "--report", type=Path, metavar="FILE", help="also write the table into this markdown file"
+    )
     args = ap.parse_args()
+    load_before = os.getloadavg()
+    with printed() as out:
+        measure(args)
+    if args.report is not None:
+        setup = (
+            f"HTTP services on loopback (echo, examples/least-ttft), {args.instances} instances, "
+            f"{args.decisions} decisions per delta row; no seed (the deployment's loads move "
+            "deterministically)"
+        )
+        head = provenance("bench/policy_http.py", sys.argv[1:], load_before, setup)
+        output_section(args.report, "policy_http", "Decision overhead", head, out.getvalue())
+    return 0
+
+
+def measure(args: argparse.Namespace) -> None:
+    """Print the table: each service x client x snapshot kind."""
     n = args.instances
     print(f"HTTP policy decisions on loopback, {n} instances, {args.decisions} decisions each "
           f"(wall ms per decision; {os.cpu_count()} CPUs)")  # fmt: skip
@@ -172,7 +194,6 @@ def main() -> int:
         finally:
             proc.terminate()
             proc.wait(timeout=10)
-    return 0
 
 
 if __name__ == "__main__":

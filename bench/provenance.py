@@ -4,11 +4,16 @@ from). One function for every script that writes one, so the headers read alike.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import statistics
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -114,3 +119,35 @@ def write_section(report: Path, name: str, heading: str, text: str) -> None:
     else:
         new = old.rstrip("\n") + f"\n\n## {heading}\n\n" + section + "\n"
     report.write_text(new)
+
+
+class _Tee(io.StringIO):
+    """A buffer that also passes every write on to `echo`, so a script's table reaches the
+    terminal as it is printed and its report afterwards, from one set of print calls."""
+
+    def __init__(self, echo: TextIO) -> None:
+        super().__init__()
+        self.echo = echo
+
+    def write(self, s: str) -> int:
+        self.echo.write(s)
+        return super().write(s)
+
+    def flush(self) -> None:
+        self.echo.flush()
+
+
+@contextlib.contextmanager
+def printed() -> Iterator[io.StringIO]:
+    """What the block prints to stdout, still printed, and kept in the yielded buffer: for the
+    scripts whose report is their printed tables (`output_section`)."""
+    tee = _Tee(sys.stdout)
+    with contextlib.redirect_stdout(tee):
+        yield tee
+
+
+def output_section(report: Path, name: str, heading: str, head: str, text: str) -> None:
+    """A script's printed output as section `name` of `report` (`write_section`): the
+    provenance header `head`, then `text` verbatim in a fenced block."""
+    body = text.strip("\n")
+    write_section(report, name, heading, f"{head}\n```\n{body}\n```\n")

@@ -9,10 +9,13 @@ issue #15's acceptance: throughput within 2%, TTFT p50/p90 within 5% or within t
 spread, link mean Gbps within 3%, route split within 2 points, the same verdicts.
 
 Usage: python bench/sim_vs_live.py [--scenario burst ...] [--all] [--seeds 7 8 9] [--quick]
-                                   [--sim-only]
+                                   [--sim-only] [--report FILE]
 --all runs issue #15's six (burst, paper at 80% of lambda_max on prfaas-pd, bandwidth-drop,
 partition, mooncake-trace, traffic-shift). --quick runs one seed. --sim-only runs only the sim
-leg (seconds; to check a scenario runs there, or on a machine too busy for live runs). About
+leg (seconds; to check a scenario runs there, or on a machine too busy for live runs).
+`--report FILE` also writes the means (sim minus live, one row per scenario) and the printed
+tables, under their provenance header, as the `sim_vs_live` section of FILE
+(bench/reports/sim_vs_live.md), the rest of FILE kept. About
 50 s of wall per live run of burst on 2 cores: the full agreement run (six scenarios, three
 seeds) is ~20-30 minutes of live runs and wants a quiet machine, since live TTFTs grow when a
 core is busy.
@@ -22,10 +25,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from provenance import output_section, printed, provenance  # bench/ is on sys.path
 
 from testbed.experiment import headline
 from testbed.scenario.plan import RunOptions, prepare_run
@@ -106,6 +113,16 @@ def verdict(metric: str, sm: float, lm: float, spread: tuple[float, float] | Non
     return "OUT"
 
 
+def means(
+    rows: dict[str, list[dict[str, Any]]], metric: str
+) -> tuple[float, float, tuple[float, float] | None]:
+    """`metric`'s mean over the seeds live and on the sim, and the live seeds' own spread (None
+    with one seed)."""
+    vals = [r[metric] for r in rows["local"]]
+    spread = (min(vals), max(vals)) if len(vals) > 1 else None
+    return statistics.mean(vals), statistics.mean(r[metric] for r in rows["sim"]), spread
+
+
 def report(scenario: str, seeds: list[int], rows: dict[str, list[dict[str, Any]]]) -> None:
     print(f"{scenario}: local vs sim, seeds {' '.join(map(str, seeds))}")
     print(f"{'metric':<14}{'seed':>6}{'local':>10}{'sim':>10}{'sim-live':>10}")
@@ -113,10 +130,7 @@ def report(scenario: str, seeds: list[int], rows: dict[str, list[dict[str, Any]]
         for seed, live, sim in zip(seeds, rows["local"], rows["sim"], strict=True):
             lv, sv = live[metric], sim[metric]
             print(f"{metric:<14}{seed:>6}{lv:>10.3f}{sv:>10.3f}{diff(metric, sv, lv):>10}")
-        lm = statistics.mean(r[metric] for r in rows["local"])
-        sm = statistics.mean(r[metric] for r in rows["sim"])
-        vals = [r[metric] for r in rows["local"]]
-        spread = (min(vals), max(vals)) if len(seeds) > 1 else None
+        lm, sm, spread = means(rows, metric)
         note = f"  (live seed spread {spread[0]:.3f}..{spread[1]:.3f})" if spread else ""
         print(
             f"{metric:<14}{'mean':>6}{lm:>10.3f}{sm:>10.3f}{diff(metric, sm, lm):>10}  "
@@ -152,22 +166,67 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[7, 8, 9])
     ap.add_argument("--quick", action="store_true", help="one seed (the first)")
     ap.add_argument("--sim-only", action="store_true", help="the sim leg alone")
+    ap.add_argument("--report", type=Path, metavar="FILE", help="also write the tables here")
     args = ap.parse_args()
     seeds = args.seeds[:1] if args.quick else args.seeds
     scenarios = list(SIX) if args.all else args.scenario
     substrates = ("sim",) if args.sim_only else ("local", "sim")
-    with tempfile.TemporaryDirectory() as tmp:
+    load_before = os.getloadavg()
+    every: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    with printed() as out, tempfile.TemporaryDirectory() as tmp:
         for scenario in scenarios:
             rows: dict[str, list[dict[str, Any]]] = {"local": [], "sim": []}
             for seed in seeds:
                 for substrate in substrates:
-                    out = Path(tmp) / f"{scenario}-{substrate}-{seed}"
-                    rows[substrate].append(run_one(scenario, substrate, seed, out))
+                    path = Path(tmp) / f"{scenario}-{substrate}-{seed}"
+                    rows[substrate].append(run_one(scenario, substrate, seed, path))
+            every[scenario] = rows
             if args.sim_only:
                 report_sim(scenario, seeds, rows["sim"])
             else:
                 report(scenario, seeds, rows)
+    if args.report is not None:
+        legs = "the sim" if args.sim_only else "local processes (time_scale 10) and the sim"
+        setup = (
+            f"{legs}; library scenarios {', '.join(scenarios)}; seeds {' '.join(map(str, seeds))}"
+        )
+        head = provenance("bench/sim_vs_live.py", sys.argv[1:], load_before, setup)
+        means = "" if args.sim_only else "\n".join(mean_table(every)) + "\n"
+        output_section(
+            args.report, "sim_vs_live", "Sim against live", head + "\n" + means, out.getvalue()
+        )
     return 0
+
+
+def mean_table(every: dict[str, dict[str, list[dict[str, Any]]]]) -> list[str]:
+    """Markdown: a row per scenario, each figure's mean over the seeds as sim minus live, with
+    its verdict where it is held to one ("in spread": TTFT inside the live seeds' own spread;
+    bold: outside the tolerance), and whether every seed's checker verdicts are the same."""
+    lines = [
+        "Means over the seeds, sim minus live:",
+        "",
+        "| scenario | " + " | ".join(METRICS) + " | verdicts |",
+        "|---|" + "---|" * (len(METRICS) + 1),
+    ]
+    for scenario, rows in every.items():
+        cells = []
+        for metric in METRICS:
+            lm, sm, spread = means(rows, metric)
+            cell, said = diff(metric, sm, lm), verdict(metric, sm, lm, spread)
+            cells.append(
+                f"**{cell}**"
+                if said == "OUT"
+                else f"{cell} (in spread)"
+                if "spread" in said
+                else cell
+            )
+        same = all(
+            a["checks"] == b["checks"] for a, b in zip(rows["local"], rows["sim"], strict=True)
+        )
+        lines.append(
+            f"| {scenario} | " + " | ".join(cells) + f" | {'same' if same else 'DIFFER'} |"
+        )
+    return lines
 
 
 if __name__ == "__main__":

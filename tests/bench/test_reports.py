@@ -31,3 +31,22 @@ def test_report_body_drops_only_the_provenance_lines() -> None:
 
     text = "# t\n\n- command: `x`\n- commit: y\n- date: d\n- machine: m\n- substrate: s\n\n| a |\n"
     assert report_body(text) == "# t\n\n| a |\n"
+
+
+@pytest.mark.usefixtures("bench_path")
+def test_printed_output_becomes_a_section_and_replaces_the_last_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from provenance import output_section, printed
+
+    report = tmp_path / "r.md"
+    report.write_text("# r\n\nkept prose\n")
+    for run in ("first", "second"):
+        with printed() as out:
+            print(f"table {run}")
+        output_section(report, "t", "Tables", f"- command: `{run}`\n", out.getvalue())
+    assert capsys.readouterr().out == "table first\ntable second\n"  # still printed
+    assert report.read_text() == (
+        "# r\n\nkept prose\n\n## Tables\n\n<!-- t:start -->\n- command: `second`\n"
+        "\n```\ntable second\n```\n<!-- t:end -->\n"
+    )
