@@ -8,7 +8,7 @@ and a long-term re-plan run) and of a search with the PD split pinned (what the 
 runs), for the vectorised search and the exhaustive scalar one, and whether both found the same
 plan.
 
-Usage: python bench/planner_search.py [--repeat 5] [--no-exhaustive]
+Usage: python bench/planner_search.py [--repeat 5] [--no-exhaustive] [--report FILE]
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+from provenance import reported  # bench/ is on sys.path
 
 from testbed.config import DeploymentConfig
 from testbed.experiment import Grid
@@ -57,7 +59,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--no-exhaustive", action="store_true", help="skip the scalar reference")
+    ap.add_argument("--report", type=Path, metavar="FILE", help="also write the table here")
     args = ap.parse_args()
+    setup = (
+        f"the planner alone; scenarios/paper.yaml's prfaas-pd x1, x100 and x104, medians of "
+        f"{args.repeat}"
+    )
+    reported(args.report, "planner_search", "The planner's search", setup, lambda: measure(args))
+    return 0
+
+
+def measure(args: argparse.Namespace) -> None:
+    """Print a row per deployment size and search: its median wall time and the plan."""
     scenario = load_scenario(ROOT / "scenarios" / "paper.yaml")
     base = scenario.deployments["prfaas-pd"]
     inputs = plan_inputs(scenario)
@@ -87,7 +100,6 @@ def main() -> int:
                 f"t={plan.threshold_tokens:.0f} N_p/N_d={plan.n_prefill}/{plan.n_decode} "
                 f"lambda_max={plan.lambda_max_rps:.2f} req/s {same}"
             )
-    return 0
 
 
 if __name__ == "__main__":

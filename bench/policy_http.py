@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from provenance import output_section, printed, provenance  # bench/ is on sys.path
+from provenance import reported  # bench/ is on sys.path
 
 from testbed.policy.base import InstanceLoad, RequestView, Snapshot
 from testbed.policy.decider import Decider
@@ -158,17 +158,12 @@ def main() -> int:
         "--report", type=Path, metavar="FILE", help="also write the table into this markdown file"
     )
     args = ap.parse_args()
-    load_before = os.getloadavg()
-    with printed() as out:
-        measure(args)
-    if args.report is not None:
-        setup = (
-            f"HTTP services on loopback (echo, examples/least-ttft), {args.instances} instances, "
-            f"{args.decisions} decisions per delta row; no seed (the deployment's loads move "
-            "deterministically)"
-        )
-        head = provenance("bench/policy_http.py", sys.argv[1:], load_before, setup)
-        output_section(args.report, "policy_http", "Decision overhead", head, out.getvalue())
+    setup = (
+        f"HTTP services on loopback (echo, examples/least-ttft), {args.instances} instances, "
+        f"{args.decisions} decisions per delta row; no seed (the deployment's loads move "
+        "deterministically)"
+    )
+    reported(args.report, "policy_http", "Decision overhead", setup, lambda: measure(args))
     return 0
 
 

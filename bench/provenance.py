@@ -11,11 +11,12 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 
 
 def with_header(text: str, head: str) -> str:
@@ -151,3 +152,20 @@ def output_section(report: Path, name: str, heading: str, head: str, text: str) 
     provenance header `head`, then `text` verbatim in a fenced block."""
     body = text.strip("\n")
     write_section(report, name, heading, f"{head}\n```\n{body}\n```\n")
+
+
+def reported(
+    report: Path | None, name: str, heading: str, setup: str, measure: Callable[[], T]
+) -> T:
+    """`measure()`, which prints a script's tables; with `report`, what it printed becomes
+    section `name` of `report` (`output_section`) under the provenance header of the script
+    being run, the machine's load average taken before and after. One call for the scripts
+    whose report is their printed output, so they read alike."""
+    load_before = os.getloadavg()
+    with printed() as out:
+        result = measure()
+    if report is not None:
+        script = f"bench/{Path(sys.argv[0]).name}"
+        head = provenance(script, sys.argv[1:], load_before, setup)
+        output_section(report, name, heading, head, out.getvalue())
+    return result

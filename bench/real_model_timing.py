@@ -12,6 +12,7 @@ Then the scenario's calibration: compute per prefill layer and per decode pass, 
 time_scale it allows (testbed.engine.torch.calibrate; cached, --recalibrate measures again).
 
 Usage: python bench/real_model_timing.py [--context 148] [--steps 20] [--recalibrate]
+                                             [--report FILE]
 Needs torch (the `model` extra). Takes about 20 s on 2 idle cores.
 """
 
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from provenance import reported  # bench/: the script's directory is on sys.path
 
 from testbed.engine.torch.batched import DecodeBatch
 from testbed.engine.torch.calibrate import RECALIBRATE_ENV
@@ -86,7 +88,19 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=148, help="prompt tokens per request")
     ap.add_argument("--steps", type=int, default=20, help="steps timed per measurement")
     ap.add_argument("--recalibrate", action="store_true", help="measure the host again")
+    ap.add_argument("--report", type=Path, metavar="FILE", help="also write the tables here")
     args = ap.parse_args()
+    setup = (
+        f"torch {torch.__version__} on one thread; the tiny model, {args.context}-token "
+        f"contexts, prompts seeded 0; calibration {'measured' if args.recalibrate else 'cached'}"
+    )
+    heading = "Batched decode and calibration"
+    reported(args.report, "real_model_timing", heading, setup, lambda: measure(args))
+    return 0
+
+
+def measure(args: argparse.Namespace) -> None:
+    """Print the decode step's cost against batch size, then the scenario's calibration."""
     torch.set_num_threads(1)
     model = TinyHybridLM(tiny_config(0))
     rng = random.Random(0)
@@ -113,7 +127,6 @@ def main() -> int:
         aw, ac = _timed(batch.step, args.steps)
         print(f"{b:>5}  {bw:>11.2f}  {bc:>10.2f}  {aw:>10.2f}  {ac:>9.2f}  {bc / ac:>11.1f}x")
     calibration(args.recalibrate)
-    return 0
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ moving, so the index's heaps see the churn of a real run). Prints p50 and p99 pe
 each policy. `--instances` changes the size (the older figure: ~200 us p50 at 1,000, when every
 snapshot was rebuilt per decision).
 
-Usage: python bench/routing_decision.py [--instances 10000] [--requests 20000]
+Usage: python bench/routing_decision.py [--instances 10000] [--requests 20000] [--report FILE]
 Target (issue #15): p99 <= 100 us at 10,000 instances.
 """
 
@@ -20,8 +20,10 @@ import collections
 import os
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
+from provenance import reported  # bench/ is on sys.path
 
 from testbed.policy import POLICIES, make_policy
 from testbed.policy.base import Cluster, CostModel, RequestView
@@ -80,7 +82,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--instances", type=int, default=10_000)
     ap.add_argument("--requests", type=int, default=20_000)
+    ap.add_argument("--report", type=Path, metavar="FILE", help="also write the table here")
     args = ap.parse_args()
+    setup = (
+        f"the policies alone on a load book of {args.instances:,} instances, "
+        f"{args.requests:,} requests each, seed 0"
+    )
+    reported(args.report, "routing_decision", "A routing decision", setup, lambda: measure(args))
+    return 0
+
+
+def measure(args: argparse.Namespace) -> None:
+    """Print each policy's p50 and p99 per decision."""
     n_req = args.requests
     rng = np.random.default_rng(0)
     lengths = TruncatedLognormal(9.9, 1.0, 128, 128_000).sample(rng, n_req).astype(int)
@@ -91,7 +104,6 @@ def main() -> int:
     )
     for name in sorted(POLICIES):
         time_policy(name, args.instances, lengths, cached)
-    return 0
 
 
 if __name__ == "__main__":

@@ -35,7 +35,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
+from pathlib import Path
 from typing import Any
+
+from provenance import reported  # bench/ is on sys.path
 
 from testbed.experiment import Grid, completion_rate, steady_window
 from testbed.profiles import MODELS
@@ -133,7 +136,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--duration", type=parse_duration, default=600.0)
     ap.add_argument("--seeds", type=int, default=1, help="seeds 1..N, figures averaged")
+    ap.add_argument("--report", type=Path, metavar="FILE", help="also write the table here")
     args = ap.parse_args()
+    setup = (
+        f"sim; scenarios/paper.yaml's three deployments at {SATURATION_LOAD:.0%} of "
+        f"lambda_max, {args.duration:.0f} s real-world, seeds 1..{args.seeds}"
+    )
+    reported(args.report, "sim_gap", "The gap to the planner", setup, lambda: measure(args))
+    return 0
+
+
+def measure(args: argparse.Namespace) -> None:
+    """Print the table: a row per deployment, its gap to the planner split into parts."""
     d = args.duration
     print(
         f"saturation gap to the planner, sim, {SATURATION_LOAD:.0%} of lambda_max, {d:.0f}s "
@@ -167,7 +181,6 @@ def main() -> int:
             f"{pct(m['s_real'] - m['s_mean'] - (m['f_true'] - m['f']))} | {pct(m['f'] - a)} | "
             f"{pct(m['s_mean'] - m['f'])} | {m['s_mean']:.2f} | {m['f']:.2f} | {m['f_true']:.2f} |"
         )
-    return 0
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from provenance import reported  # bench/ is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,9 +75,23 @@ def main() -> int:
     ap.add_argument(
         "--policy", default="prfaas-static", help="e.g. prfaas: the re-planning scheduler loops"
     )
+    ap.add_argument("--report", type=Path, metavar="FILE", help="also write the output here")
     args = ap.parse_args()
+    if args.report is not None and args.profile:
+        ap.error("--report takes the measured run, not --profile's")
     if args.cpu >= 0:
         os.sched_setaffinity(0, {args.cpu})
+    setup = (
+        f"sim; scenarios/paper.yaml's prfaas-pd x{args.factor} under {args.policy}, "
+        f"{args.duration:.0f} s, the scenario's seed; pinned to core "
+        f"{args.cpu if args.cpu >= 0 else 'none'}"
+    )
+    name, heading = f"sim_scale-{args.policy}", f"At 10K-GPU scale, {args.policy}"
+    return reported(args.report, name, heading, setup, lambda: measure(args))
+
+
+def measure(args: argparse.Namespace) -> int:
+    """Run the scaled hour once (or under cProfile) and print what it cost."""
 
     from testbed.clock import Scale
     from testbed.metrics.files import write_jsonl_atomic

@@ -31,8 +31,17 @@ SMOKE: dict[str, list[str]] = {
     "sim_gap.py": ["--duration", "60s"],
     "sim_scale.py": ["--factor", "1", "--duration", "60", "--cpu", "-1"],
     "sim_speed.py": ["--duration", "130", "--repeat", "1", "--cpu", "-1"],
+    "sim_sweep.py": [
+        "--set",
+        "deployments.prfaas-pd.prfaas.instances=2,4",
+        "--set",
+        "duration=120s",
+        "--no-saturation",
+    ],
     "planner_search.py": ["--repeat", "1", "--no-exhaustive"],
     "routing_decision.py": ["--instances", "40", "--requests", "200"],
+    "sample_run.py": ["--substrate", "sim"],
+    "scorecard_cost.py": ["--scenarios", "paper", "--seeds", "1"],
     "predict.py": ["--only", "saturation", "--seeds", "1", "--duration", "60", "--jobs", "1"],
     "thesis.py": [
         "--substrate",
@@ -46,6 +55,16 @@ SMOKE: dict[str, list[str]] = {
     ],
 }
 """Script -> tiny options."""
+SECTION = {
+    "planner_search.py": "planner_search",
+    "routing_decision.py": "routing_decision",
+    "sample_run.py": "sample-burst-sim",
+    "scorecard_cost.py": "scorecard_cost",
+    "sim_gap.py": "sim_gap",
+    "sim_scale.py": "sim_scale-prfaas-static",
+    "sim_sweep.py": "sim_sweep",
+}
+"""Scripts whose smoke run also writes its `--report` section (named so)."""
 EXEMPT = {
     "aiperf_drive.py": "AIPerf in its own venv, live",
     "facade_cost.py": "live",
@@ -81,6 +100,8 @@ def test_sim_bench_runs(script: str, tmp_path: Path) -> None:
     argv = SMOKE[script]
     if script == "thesis.py":
         argv = [*argv, "--reports", str(tmp_path)]
+    if script in SECTION:
+        argv = [*argv, "--report", str(tmp_path / "report.md")]
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / script), *argv],
         cwd=tmp_path,
@@ -90,3 +111,7 @@ def test_sim_bench_runs(script: str, tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip()
+    if script in SECTION:  # what it printed, in its section, under the provenance header
+        report = (tmp_path / "report.md").read_text()
+        assert f"<!-- {SECTION[script]}:start -->\n- command: `python bench/{script}" in report
+        assert done.stdout.strip().splitlines()[-1] in report
