@@ -37,14 +37,25 @@ def last_frames(text: str) -> str:
 
 
 def timing_line(out: Path) -> str:
-    """The worst engine timing error of the run (|actual - modelled| / modelled over an
-    instance's prefills or decode phases), from its summary.json."""
+    """The engines' timing from the run's summary.json: the worst timing error (|actual -
+    modelled| / modelled over an instance's prefills or decode phases) of an emulated engine,
+    the late steps of a real model (engine: torch), whose CPU may be slower than its budget."""
     engine = json.loads((out / "summary.json").read_text()).get("engine", {})
+    instances = engine.get("instances") or {}
+    lines = []
     worst = engine.get("max_timing_error")
-    if worst is None:
-        return "worst engine timing error: not reported by this engine"
-    count = len(engine["instances"])
-    return f"worst engine timing error: {100 * worst:.2f}% over {count} instances"
+    if worst is not None:
+        count = len(instances)
+        lines.append(f"worst engine timing error: {100 * worst:.2f}% over {count} instances")
+    real = [s for e in instances.values() for s in (e.get("real_model") or {}).values()]
+    if real:
+        steps = sum(s.get("steps") or 0 for s in real)
+        late = sum(s.get("late_steps") or 0 for s in real)
+        ratio = max((s.get("worst_compute_over_budget") or 0.0) for s in real)
+        lines.append(
+            f"real-model steps: {late} of {steps} late, the slowest at {ratio:.2f}x its budget"
+        )
+    return "\n".join(lines) or "worst engine timing error: not reported by this engine"
 
 
 def main() -> int:
