@@ -13,6 +13,7 @@ Both policies reuse the prefix cache of the cluster a request lands in; only the
 differs (see docs/scheduler.md, "Prefix cache").
 
 Usage: python bench/prefix_cache.py [--requests 3993] [--time-scale 10] [--trace PATH]
+                                    [--report FILE]
 Takes about 8 minutes on 2 cores with the defaults (the whole trace); --requests 1000 about 3.
 """
 
@@ -26,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from provenance import reported  # bench/: the script's directory is on sys.path
 
 from testbed.experiment import Grid, headline
 from testbed.scenario.plan import RunOptions, prepare_run
@@ -88,10 +91,22 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=3993, help="first N requests of the trace")
     ap.add_argument("--time-scale", type=float, default=10.0)
     ap.add_argument("--trace", type=Path, default=TRACE)
+    ap.add_argument("--report", type=Path, metavar="FILE", help="also write the table here")
     args = ap.parse_args()
     if not args.trace.exists():
         print(f"trace not found: {args.trace}", file=sys.stderr)
         return 2
+    setup = (
+        f"local (live), time_scale {args.time_scale:g}; scenarios/mooncake-trace.yaml with "
+        f"{args.trace.name}'s first {args.requests} requests (a trace: no seed changes them)"
+    )
+    heading = "Prefix cache: cache-aware vs cache-blind on the Mooncake trace"
+    reported(args.report, "prefix_cache", heading, setup, lambda: measure(args))
+    return 0
+
+
+def measure(args: argparse.Namespace) -> None:
+    """Run each policy on the same requests; print the table and the reductions."""
     rows: dict[str, dict[str, Any]] = {}
     for policy in POLICIES:
         print(f"running {policy} on the first {args.requests} requests ...", file=sys.stderr)
@@ -138,7 +153,6 @@ def main() -> int:
             f"{policy}: {r['wall_s']:.0f} s wall, worst engine timing error "
             f"{'-' if te is None else f'{te:.1%}'}"
         )
-    return 0
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -64,7 +65,7 @@ def provenance(script: str, argv: list[str], load_before: tuple[float, ...], set
     ).stdout.strip()  # fmt: skip
     after = os.getloadavg()
     return (
-        f"- command: `python {' '.join([script, *argv])}`\n"
+        f"- command: `python {shlex.join([script, *argv])}`\n"  # as a shell takes it
         f"- commit: {commit()}{' (with uncommitted changes in the tree)' if dirty else ''}\n"
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
         f"- machine: {os.cpu_count()} cores; load average before {load_text(load_before)}, after "

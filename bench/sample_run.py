@@ -1,4 +1,4 @@
-"""One library scenario run exactly as a user types it, its terminal output kept as a report.
+r"""One library scenario run exactly as a user types it, its terminal output kept as a report.
 
     python bench/sample_run.py --report bench/reports/fidelity.md   # burst, live, local
 
@@ -10,16 +10,26 @@ report's section is `sample-NAME`, `sample-NAME-SUBSTRATE` off the local substra
 
     python bench/sample_run.py --name real-model --report bench/reports/real_model.md
     python bench/sample_run.py --substrate compose --report bench/reports/compose.md
+
+`--policy SPEC` is passed to `testbed run`; with `--serve least-ttft` the example HTTP policy
+service runs on a free loopback port for the run and `{url}` in SPEC is its /route URL (section
+`sample-NAME-least-ttft`):
+
+    python bench/sample_run.py --serve least-ttft \
+        --policy '{url}#timeout=50ms&fallback=prfaas-nolongterm' \
+        --report bench/reports/policy_http.md
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from provenance import reported  # bench/: the script's directory is on sys.path
@@ -27,6 +37,8 @@ from provenance import reported  # bench/: the script's directory is on sys.path
 ROOT = Path(__file__).resolve().parent.parent
 TESTBED = [sys.executable, "-c", "from testbed.cli import main; raise SystemExit(main())"]
 """`testbed` as the console script runs it, from this interpreter's environment."""
+CHECK_FAILED = 1
+"""`testbed run`'s exit status when the run completed and a checker failed."""
 
 
 def last_frames(text: str) -> str:
@@ -58,28 +70,57 @@ def timing_line(out: Path) -> str:
     return "\n".join(lines) or "worst engine timing error: not reported by this engine"
 
 
+@contextlib.contextmanager
+def served(example: str) -> Iterator[str]:
+    """The example policy service running on a free loopback port for the block: its /route
+    URL (bench/policy_http.py's `start`, the service the decision-overhead bench times)."""
+    from policy_http import start  # bench/: the script's directory is on sys.path
+
+    proc, url = start(example)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--name", default="burst", help="library scenario (default: burst)")
     ap.add_argument("--substrate", default="local", choices=("local", "compose", "sim"))
     ap.add_argument("--seed", type=int, help="replace the scenario's seed (default: its own)")
+    ap.add_argument("--policy", help="testbed run's --policy; {url}: the --serve service's URL")
+    ap.add_argument(
+        "--serve",
+        choices=("least-ttft",),
+        help="start this example policy service on loopback for the run (as policy_http.py does)",
+    )
     ap.add_argument("--report", type=Path, metavar="FILE", help="also write the output here")
     args = ap.parse_args()
+    if args.serve and "{url}" not in (args.policy or ""):
+        ap.error("--serve needs a --policy naming its {url}")
     seed = "the scenario's seed" if args.seed is None else f"seed {args.seed}"
     setup = f"{args.substrate}; scenarios/{args.name}.yaml, {seed}"
+    if args.policy:
+        setup += f"; --policy '{args.policy}'"
+        setup += f", {{url}} examples/{args.serve}" if args.serve else ""
     name = f"sample-{args.name}" + ("" if args.substrate == "local" else f"-{args.substrate}")
+    name += f"-{args.serve}" if args.serve else ""
     heading = f"A sample run of {args.name} on {args.substrate}"
-    reported(args.report, name, heading, setup, lambda: measure(args))
-    return 0
+    return reported(args.report, name, heading, setup, lambda: measure(args))
 
 
-def measure(args: argparse.Namespace) -> None:
-    """Run the scenario in a child and print what it printed, then its timing error; a failed
-    run exits with its status before anything is written to the report."""
-    with tempfile.TemporaryDirectory() as tmp:
+def measure(args: argparse.Namespace) -> int:
+    """Run the scenario in a child and print what it printed, then its timing error; returns
+    its exit status. A run that failed before its checkers (a bad option, a crash) exits with
+    its status before anything is written to the report; a failed checker is an outcome, kept."""
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         out = Path(tmp) / args.name
         cmd = [*TESTBED, "run", f"scenarios/{args.name}.yaml", "--substrate", args.substrate]
         cmd += ["--out", str(out)] + ([] if args.seed is None else ["--seed", str(args.seed)])
+        if args.policy:
+            url = stack.enter_context(served(args.serve)) if args.serve else ""
+            cmd += ["--policy", args.policy.replace("{url}", url)]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # stdout and stderr in the order printed
         # bytes, decoded here: text mode's universal newlines would turn the bar's carriage
         # returns into line ends
@@ -88,10 +129,14 @@ def measure(args: argparse.Namespace) -> None:
         )
         printed = done.stdout.decode("utf-8", errors="replace")
         shown = last_frames(printed).replace(str(out), f"results/{args.name}").rstrip()
-        if done.returncode != 0:
+        finished = (out / "summary.json").exists()  # a crash exits 1 too, without results
+        if done.returncode not in (0, CHECK_FAILED) or not finished:
             print(f"{shown}\ntestbed run exited {done.returncode}", file=sys.stderr)
             raise SystemExit(done.returncode)
         print(f"{shown}\n{timing_line(out)}")
+        if done.returncode == CHECK_FAILED:  # an outcome the report keeps, as the run printed it
+            print(f"testbed run exited {CHECK_FAILED}: a checker failed")
+    return done.returncode
 
 
 if __name__ == "__main__":

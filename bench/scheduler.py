@@ -14,7 +14,8 @@ seed, so every run sees the same requests and the same fault at the same time:
    optimum, with and without the long-term loop.
 
 Usage: python bench/scheduler.py [--loads 0.5,0.9] [--only drop|shift] [--report FILE]
-About 10 minutes on 2 cores with the defaults. --report writes the tables as markdown.
+About 10 minutes on 2 cores with the defaults. --report FILE writes the tables as markdown into
+FILE's `scheduler-live` section (the rest of FILE is kept).
 """
 
 from __future__ import annotations
@@ -22,14 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 from pathlib import Path
 from typing import Any
 
 from provenance import (  # bench/provenance.py: the script's directory is on sys.path
     provenance,
-    with_header,
+    write_section,
 )
 
 from testbed.experiment import Grid, completion_rate, run_scenario_once, ttft_p90
@@ -132,14 +132,11 @@ def _f(v: float | None, spec: str, unit: str = "") -> str:
 
 
 def render(drop: list[dict[str, Any]], shift: list[dict[str, Any]]) -> str:
-    out = [
-        f"# Scheduler bench ({platform.node()}, {platform.machine()}, "
-        f"{__import__('os').cpu_count()} cores)\n"
-    ]
+    out: list[str] = []
     if drop:
         r0 = drop[0]
         out += [
-            "## Bandwidth drop: 100 -> 5 Gbps for 60 s\n",
+            "### Bandwidth drop: 100 -> 5 Gbps for 60 s\n",
             f"Planner at 5 Gbps, best split {r0['narrow_split']}: lambda_max "
             f"{r0['narrow_lambda_max_rps']:.2f} req/s; above that no policy carries the load "
             "through the drop.\n",
@@ -158,7 +155,7 @@ def render(drop: list[dict[str, Any]], shift: list[dict[str, Any]]) -> str:
         out.append("")
     if shift:
         out += [
-            "## Traffic shift: short- to long-dominated prompts\n",
+            "### Traffic shift: short- to long-dominated prompts\n",
             "| policy | window | completed req/s | planner's new optimum | error | PD split "
             "(start -> (t, N_p)) | failed |",
             "|---|---|---|---|---|---|---|",
@@ -187,10 +184,13 @@ def main() -> int:
     text = render(drop, shift)
     print(text)
     if args.report:
-        setup = "local (live), the scenarios' own seeds"
+        setup = (
+            f"local (live), the scenarios' own seeds; bandwidth-drop at loads {args.loads}, "
+            "traffic-shift"
+        )
         head = provenance("bench/scheduler.py", sys.argv[1:], load_before, setup)
-        args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(with_header(text, head))
+        heading = "Bandwidth drop and traffic shift, live"
+        write_section(args.report, "scheduler-live", heading, f"{head}\n{text.strip()}\n")
     if args.json:
         args.json.write_text(json.dumps({"drop": drop, "shift": shift}, indent=1, default=str))
     return 0

@@ -3,6 +3,7 @@ regenerating it reproduces it byte for byte, provenance lines aside (issue #37).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,14 @@ def test_printed_output_becomes_a_section_and_replaces_the_last_one(
         "# r\n\nkept prose\n\n## Tables\n\n<!-- t:start -->\n- command: `second`\n"
         "\n```\ntable second\n```\n<!-- t:end -->\n"
     )
+
+
+@pytest.mark.parametrize("report", sorted((BENCH / "reports").glob("*.md")), ids=lambda p: p.name)
+def test_every_report_says_where_its_figures_came_from(report: Path) -> None:
+    """A report has a provenance header, or says which part is not yet regenerated; a section a
+    script writes (between its markers) starts with the header, so one left empty fails."""
+    text = report.read_text()
+    assert "- command: `" in text or "not yet regenerated" in text
+    for name in re.findall(r"<!-- (\S+):start -->", text):
+        body = text.split(f"<!-- {name}:start -->", 1)[1].split(f"<!-- {name}:end -->", 1)[0]
+        assert body.startswith("\n- command: `python bench/"), f"section {name}: no header"

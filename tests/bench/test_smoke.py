@@ -40,7 +40,14 @@ SMOKE: dict[str, list[str]] = {
     ],
     "planner_search.py": ["--repeat", "1", "--no-exhaustive"],
     "routing_decision.py": ["--instances", "40", "--requests", "200"],
-    "sample_run.py": ["--substrate", "sim"],
+    "sample_run.py": [
+        "--substrate",
+        "sim",
+        "--serve",
+        "least-ttft",
+        "--policy",
+        "{url}#timeout=50ms&fallback=prfaas-nolongterm",
+    ],
     "scorecard_cost.py": ["--scenarios", "paper", "--seeds", "1"],
     "predict.py": ["--only", "saturation", "--seeds", "1", "--duration", "60", "--jobs", "1"],
     "thesis.py": [
@@ -58,7 +65,7 @@ SMOKE: dict[str, list[str]] = {
 SECTION = {
     "planner_search.py": "planner_search",
     "routing_decision.py": "routing_decision",
-    "sample_run.py": "sample-burst-sim",
+    "sample_run.py": "sample-burst-sim-least-ttft",
     "scorecard_cost.py": "scorecard_cost",
     "sim_gap.py": "sim_gap",
     "sim_scale.py": "sim_scale-prfaas-static",
