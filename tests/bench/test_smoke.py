@@ -11,6 +11,7 @@ Exempt, with the reason (docs/experiments.md lists them too):
 - link_cpu.py, transfer_cpu.py: live emulator or transfer processes and sockets (their figure
   is its CPU); floor_relay.py is link_cpu.py's relay process;
 - router_faults.py: live, the external routers (vllm-router, SGLang's gateway) installed;
+- image_build.py: a Docker engine, and it rebuilds the project's images;
 - real_model_timing.py: torch (the `model` extra);
 - sim_vs_live.py: its live leg (the sim leg alone is what the other smoke tests run);
 - lifecycle_parity.py: compares two checkouts of the project (before and after a change).
@@ -78,6 +79,7 @@ EXEMPT = {
     "fidelity.py": "live",
     "lifecycle_parity.py": "two checkouts of the project (before and after a change)",
     "floor_relay.py": "link_cpu.py's relay process, live sockets",
+    "image_build.py": "Docker engine; rebuilds the project's images",
     "link_accuracy.py": "live, tc needs root",
     "link_cpu.py": "live emulator processes and sockets",
     "long_prompts.py": "live",
