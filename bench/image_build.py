@@ -17,10 +17,9 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from provenance import reported  # bench/: the script's directory is on sys.path
+from provenance import reported, timed_child  # bench/: the script's directory is on sys.path
 
 from testbed.substrate.compose.images import BASE_IMAGE, IMAGE
 from testbed.substrate.compose.prometheus import PROMETHEUS_IMAGE
@@ -39,17 +38,10 @@ def main() -> int:
 
 
 def images(force: bool, prometheus: bool) -> float:
-    """Wall seconds of one `python -m testbed.substrate.compose images` in a child; a failed
-    build exits with its status and output."""
+    """Wall seconds of one `python -m testbed.substrate.compose images` in a child."""
     cmd = [sys.executable, "-m", "testbed.substrate.compose", "images"]
     cmd += (["--force"] if force else []) + (["--prometheus"] if prometheus else [])
-    t0 = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if done.returncode != 0:
-        print(done.stdout + done.stderr, file=sys.stderr)
-        raise SystemExit(done.returncode)
-    return wall
+    return timed_child(cmd)
 
 
 def size_mb(tag: str) -> str:

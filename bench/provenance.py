@@ -170,3 +170,19 @@ def reported(
         head = provenance(script, sys.argv[1:], load_before, setup)
         output_section(report, name, heading, head, out.getvalue())
     return result
+
+
+TESTBED = [sys.executable, "-c", "from testbed.cli import main; raise SystemExit(main())"]
+"""`testbed` as the console script runs it, from this interpreter's environment."""
+
+
+def timed_child(cmd: list[str]) -> float:
+    """Wall seconds of `cmd` run to its end in the checkout; a failed command exits this
+    script with its status and output, before any report is written."""
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        print(done.stdout + done.stderr, file=sys.stderr)
+        raise SystemExit(done.returncode)
+    return wall

@@ -32,11 +32,9 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from provenance import reported  # bench/: the script's directory is on sys.path
+from provenance import TESTBED, reported  # bench/: the script's directory is on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
-TESTBED = [sys.executable, "-c", "from testbed.cli import main; raise SystemExit(main())"]
-"""`testbed` as the console script runs it, from this interpreter's environment."""
 CHECK_FAILED = 1
 """`testbed run`'s exit status when the run completed and a checker failed."""
 

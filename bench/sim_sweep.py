@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-from provenance import reported  # bench/: the script's directory is on sys.path
+from provenance import (  # bench/: the script's directory is on sys.path
+    TESTBED,
+    reported,
+    timed_child,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-TESTBED = [sys.executable, "-c", "from testbed.cli import main; raise SystemExit(main())"]
-"""`testbed` as the console script runs it, from this interpreter's environment."""
 GRID = [
     "deployments.prfaas-pd.link.bandwidth=10Gbps,25Gbps,50Gbps,100Gbps",
     "deployments.prfaas-pd.prfaas.instances=2,4,6,8",
@@ -52,12 +51,7 @@ def measure(axes: list[str], args: argparse.Namespace) -> None:
         cmd = [*TESTBED, "sweep", "paper", "--out", tmp, "--quiet"]
         cmd += [a for axis in axes for a in ("--set", axis)]
         cmd += ["--no-saturation"] if args.no_saturation else []
-        t0 = time.perf_counter()
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-        if done.returncode != 0:
-            print(done.stdout + done.stderr, file=sys.stderr)
-            raise SystemExit(done.returncode)
+        wall = timed_child(cmd)
         shown = " ".join(f"--set {axis}" for axis in axes)
         print(f"testbed sweep paper {shown}: {wall:.1f} s wall\n")
         print((Path(tmp) / "sweep.md").read_text().strip())
