@@ -24,8 +24,6 @@ from provenance import reported, timed_child  # bench/: the script's directory i
 from testbed.substrate.compose.images import BASE_IMAGE, IMAGE
 from testbed.substrate.compose.prometheus import PROMETHEUS_IMAGE
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)

@@ -17,16 +17,13 @@ import json
 import os
 import resource
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from provenance import reported  # bench/ is on sys.path
+from provenance import TESTBED, reported  # bench/ is on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
-TESTBED = [sys.executable, "-c", "from testbed.cli import main; raise SystemExit(main())"]
-"""`testbed` as the console script runs it, from this interpreter's environment."""
 CASES = (
     ("cold cache", "prfaas"),
     ("a new policy, cache warm", "prfaas-predict"),

@@ -24,7 +24,6 @@ from provenance import (  # bench/: the script's directory is on sys.path
     timed_child,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 GRID = [
     "deployments.prfaas-pd.link.bandwidth=10Gbps,25Gbps,50Gbps,100Gbps",
     "deployments.prfaas-pd.prfaas.instances=2,4,6,8",
