@@ -52,11 +52,11 @@ def splice(src: socket.socket, dst: socket.socket) -> None:
             while k := os.splice(src.fileno(), w, PIPE):
                 while k:
                     k -= os.splice(r, dst.fileno(), k)
+    finally:
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
-    finally:
-        os.close(r)
-        os.close(w)
+        for fd in (r, w):
+            os.close(fd)
 
 
 def serve(upstream: tuple[str, int], mode: str) -> None:
@@ -68,14 +68,10 @@ def serve(upstream: tuple[str, int], mode: str) -> None:
         server = socket.create_connection(upstream)
         for s in (client, server):
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        ways = [
-            threading.Thread(target=pump, args=(client, server), daemon=True),
-            threading.Thread(target=pump, args=(server, client), daemon=True),
-        ]
-        for t in ways:
-            t.start()
-        for t in ways:
-            t.join()
+        back = threading.Thread(target=pump, args=(server, client), daemon=True)
+        back.start()
+        pump(client, server)  # this thread carries the forward way
+        back.join()
         client.close()
         server.close()
 

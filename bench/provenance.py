@@ -128,12 +128,13 @@ class _Tee(io.StringIO):
     terminal as it is printed and its report afterwards, from one set of print calls."""
 
     def __init__(self, echo: TextIO) -> None:
-        super().__init__()
         self.echo = echo
+        super().__init__()
 
     def write(self, s: str) -> int:
+        n = super().write(s)
         self.echo.write(s)
-        return super().write(s)
+        return n
 
     def flush(self) -> None:
         self.echo.flush()

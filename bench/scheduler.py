@@ -133,8 +133,7 @@ def _f(v: float | None, spec: str, unit: str = "") -> str:
 
 def render(drop: list[dict[str, Any]], shift: list[dict[str, Any]]) -> str:
     out: list[str] = []
-    if drop:
-        r0 = drop[0]
+    if r0 := next(iter(drop), None):  # the planner's figures, the same on every row
         out += [
             "### Bandwidth drop: 100 -> 5 Gbps for 60 s\n",
             f"Planner at 5 Gbps, best split {r0['narrow_split']}: lambda_max "
