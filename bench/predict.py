@@ -31,6 +31,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,8 +41,10 @@ from provenance import provenance  # bench/provenance.py: the script's directory
 
 from testbed.experiment import (
     Grid,
+    Row,
     Run,
     Setting,
+    Substrate,
     completion_rate,
     headline,
     run_experiment,
@@ -111,7 +114,7 @@ def _scenario(name: str, **kw: Any) -> Scenario:
     return Grid(name).scenario_of(_settings(name, **kw))
 
 
-def _planned(name: str, load: float) -> tuple[float, list[float]]:
+def planned(name: str, load: float) -> tuple[float, list[float]]:
     """The arrival rate `load` means with the planner's own t (a fixed-t run keeps it: with
     `load`, a worse t would lower lambda_max and with it the offered rate), and the fixed
     thresholds `testbed hindsight` tries around that t (its grid: one grid, issue #37)."""
@@ -122,7 +125,7 @@ def _planned(name: str, load: float) -> tuple[float, list[float]]:
 
 
 def _rate(name: str, load: float) -> float:
-    return _planned(name, load)[0]
+    return planned(name, load)[0]
 
 
 Job = tuple[dict[str, Any], tuple[Setting, ...]]
@@ -130,13 +133,23 @@ Measure = Callable[[Run], dict[str, Any]]
 """What a row says about its run (policy label, seed, ...) and the run's `--set` settings."""
 
 
-def _run(name: str, jobs: Sequence[Job], measure: Measure, n_jobs: int) -> list[dict[str, Any]]:
-    """Every job on library scenario `name`, on the sim (testbed.experiment, `n_jobs`
-    processes): each row the job's labels and the measure's figures, in job order."""
+def run_jobs(
+    name: str, jobs: Sequence[Job], measure: Measure, n_jobs: int, substrate: Substrate = "sim"
+) -> list[dict[str, Any]]:
+    """Every job on library scenario `name` (testbed.experiment; on the sim `n_jobs` processes,
+    live one run at a time): each row the job's labels and the measure's figures, in job
+    order. A live run's labels and time go to stderr as it ends: they take minutes each."""
     if not jobs:
         return []
-    grid = Grid(name, cases=tuple(settings for _, settings in jobs))
-    rows = run_experiment(grid, measure, jobs=n_jobs, checkers=False)
+    grid = Grid(name, cases=tuple(settings for _, settings in jobs), substrate=substrate)
+    t0 = time.monotonic()
+
+    def progress(i: int, _row: Row[dict[str, Any]]) -> None:
+        if substrate != "sim":
+            done = f"{time.monotonic() - t0:.0f} s"
+            print(f"{name} {i + 1}/{len(jobs)} {jobs[i][0]} ({done})", file=sys.stderr)
+
+    rows = run_experiment(grid, measure, jobs=n_jobs, checkers=False, on_row=progress)
     return [{**labels, **row.value} for (labels, _), row in zip(jobs, rows, strict=True)]
 
 
@@ -186,7 +199,7 @@ def _dynamic(jobs: Sequence[Job], n_jobs: int) -> list[dict[str, Any]]:
     rows: dict[int, dict[str, Any]] = {}
     for name in DYNAMIC:
         idx = [i for i, (labels, _) in enumerate(jobs) if labels["scenario"] == name]
-        done = _run(name, [jobs[i] for i in idx], dynamic_measure, n_jobs)
+        done = run_jobs(name, [jobs[i] for i in idx], dynamic_measure, n_jobs)
         rows.update(zip(idx, done, strict=True))
     return [rows[i] for i in range(len(jobs))]
 
@@ -250,10 +263,10 @@ def shift_job(predrain: int, seed: int) -> Job:
 def run_ablation(n_jobs: int, seeds: int) -> list[str]:
     """Each variant on the 50%-load drop (P90 during) and link-flap at 100% (SLO attainment)."""
     rate = _rate("bandwidth-drop", 0.5)
-    drop = _run("bandwidth-drop", [
+    drop = run_jobs("bandwidth-drop", [
         drop_job(lab, s, None, rate, knobs=ABLATIONS[lab]) for lab in ABLATIONS
         for s in range(seeds)], drop_measure, n_jobs)  # fmt: skip
-    flap = _run("link-flap", [
+    flap = run_jobs("link-flap", [
         dynamic_job("link-flap", lab, s, knobs=ABLATIONS[lab]) for lab in ABLATIONS
         for s in range(seeds)], dynamic_measure, n_jobs)  # fmt: skip
     rows = [{"label": r["policy"], "case": "drop", "value": r["p90_during_s"]} for r in drop]
@@ -272,7 +285,7 @@ def run_ablation(n_jobs: int, seeds: int) -> list[str]:
         assert d is not None and f is not None
         out.append(f"| {lab} | {_fmt(d, '.1f', ' s')} | {f[0]:.1%} ({f[1]:.1%}-{f[2]:.1%}) |")
     shift_jobs = [shift_job(p, s) for p in (3, 0) for s in range(seeds)]
-    shift = _run("traffic-shift", shift_jobs, shift_measure, n_jobs)
+    shift = run_jobs("traffic-shift", shift_jobs, shift_measure, n_jobs)
     out += [
         "",
         "traffic-shift (80% load) with prfaas-predict, long-term loop draining ahead or not:\n",
@@ -380,11 +393,11 @@ def _fmt(m: tuple[float, float, float] | None, spec: str, unit: str = "") -> str
 
 
 def run_drop(n_jobs: int, seeds: int) -> dict[str, Any]:
-    rate, thresholds = _planned("bandwidth-drop", 0.5)
+    rate, thresholds = planned("bandwidth-drop", 0.5)
     jobs = [drop_job(p, s, None, rate) for p in POLICIES for s in range(seeds)]
     jobs += [drop_job("prfaas-static", s, float(t), rate) for t in thresholds
              for s in range(seeds)]  # fmt: skip
-    rows = _run("bandwidth-drop", jobs, drop_measure, n_jobs)
+    rows = run_jobs("bandwidth-drop", jobs, drop_measure, n_jobs)
     by_t: dict[float, list[dict[str, Any]]] = {}
     for r in rows:
         if r["threshold"] is not None:
@@ -426,12 +439,12 @@ def run_split(n_jobs: int, seeds: int) -> list[dict[str, Any]]:
     """The drop with the PD split pinned: each policy and each fixed threshold on the same
     deployment shape, so the hindsight-best threshold is compared like for like (a fixed t
     left to the planner also gets the planner's split for that t: t = 40K plans 5 PD-P)."""
-    rate, thresholds = _planned("bandwidth-drop", 0.5)
+    rate, thresholds = planned("bandwidth-drop", 0.5)
     pols = ("prfaas-predict", "prfaas", "prfaas-static")
     jobs = [drop_job(p, s, None, rate, n) for n in SPLITS for p in pols for s in range(seeds)]
     jobs += [drop_job("prfaas-static", s, float(t), rate, n) for n in SPLITS
              for t in thresholds for s in range(seeds)]  # fmt: skip
-    return _run("bandwidth-drop", jobs, drop_measure, n_jobs)
+    return run_jobs("bandwidth-drop", jobs, drop_measure, n_jobs)
 
 
 def render_split(rows: list[dict[str, Any]], seeds: int) -> list[str]:
@@ -549,7 +562,8 @@ def run_dial(
     dial += [{**r, "column": "default"} for r in rows if r["policy"] == "prfaas-predict"]
     sat_jobs = [saturation_job(k, s, duration, dial_knobs[k]) for k in ks for s in range(seeds)]
     sat = [
-        {**r, "column": r["policy"]} for r in _run("paper", sat_jobs, saturation_measure, n_jobs)
+        {**r, "column": r["policy"]}
+        for r in run_jobs("paper", sat_jobs, saturation_measure, n_jobs)
     ]
     sat += [{**r, "column": "default"} for r in saturation if r["policy"] == "prfaas-predict"]
     static_rows = [r for r in saturation if r["policy"] == "prfaas-static"]
@@ -667,7 +681,7 @@ def dynamic_hindsight(seeds: int, jobs: int, rows: list[dict[str, Any]]) -> list
 
 def run_saturation(n_jobs: int, seeds: int, duration: float) -> list[dict[str, Any]]:
     jobs = [saturation_job(p, s, duration) for p in POLICIES for s in range(seeds)]
-    return _run("paper", jobs, saturation_measure, n_jobs)
+    return run_jobs("paper", jobs, saturation_measure, n_jobs)
 
 
 def render_saturation(rows: list[dict[str, Any]], seeds: int, duration: float) -> list[str]:
