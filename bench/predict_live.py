@@ -15,7 +15,7 @@ column is the same jobs on the sim. Seeds: each scenario's seed + 0..N-1.
 
 Usage: python bench/predict_live.py [--only drop|dynamic|cache-skew] [--seeds 3] [--report FILE]
        [--json FILE]
-About 40 minutes on 2 cores with the defaults (63 live runs of 20-60 s); run it on a quiet
+About 25 minutes on 2 cores with the defaults (63 live runs of 20-25 s); run it on a quiet
 machine: an emulated engine falls behind its profile when the CPU is taken. --report FILE writes
 the tables into FILE's `predict-live` section (the rest of FILE is kept).
 """

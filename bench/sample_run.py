@@ -18,6 +18,12 @@ service runs on a free loopback port for the run and `{url}` in SPEC is its /rou
     python bench/sample_run.py --serve least-ttft \
         --policy '{url}#timeout=50ms&fallback=prfaas-nolongterm' \
         --report bench/reports/policy_http.md
+
+`--router PRESET[:POLICY]` routes the run with an external router (the `routers` extra;
+section `sample-NAME-PRESET-POLICY`):
+
+    python bench/sample_run.py --router vllm-router:round_robin \
+        --report bench/reports/real_routers.md
 """
 
 from __future__ import annotations
@@ -93,6 +99,7 @@ def main() -> int:
         choices=("least-ttft",),
         help="start this example policy service on loopback for the run (as policy_http.py does)",
     )
+    ap.add_argument("--router", help="testbed run's --router PRESET[:POLICY] (an external router)")
     ap.add_argument("--report", type=Path, metavar="FILE", help="also write the output here")
     args = ap.parse_args()
     if args.serve and "{url}" not in (args.policy or ""):
@@ -102,9 +109,13 @@ def main() -> int:
     if args.policy:
         setup += f"; --policy '{args.policy}'"
         setup += f", {{url}} examples/{args.serve}" if args.serve else ""
+    if args.router:
+        setup += f"; --router {args.router}"
     name = f"sample-{args.name}" + ("" if args.substrate == "local" else f"-{args.substrate}")
     name += f"-{args.serve}" if args.serve else ""
+    name += f"-{args.router.replace(':', '-')}" if args.router else ""
     heading = f"A sample run of {args.name} on {args.substrate}"
+    heading += f" with {args.router}" if args.router else ""
     return reported(args.report, name, heading, setup, lambda: measure(args))
 
 
@@ -119,6 +130,7 @@ def measure(args: argparse.Namespace) -> int:
         if args.policy:
             url = stack.enter_context(served(args.serve)) if args.serve else ""
             cmd += ["--policy", args.policy.replace("{url}", url)]
+        cmd += ["--router", args.router] if args.router else []
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # stdout and stderr in the order printed
         # bytes, decoded here: text mode's universal newlines would turn the bar's carriage
         # returns into line ends
