@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from provenance import load_text, provenance, write_section  # bench/: on sys.path
+from provenance import load_text, markdown_section  # bench/: on sys.path
 from sample_run import served
 
 from testbed.experiment import Grid, Run, run_scenario_once
@@ -73,9 +73,8 @@ def main() -> int:
             f"local; scenarios/burst.yaml, the scenario's seed, {args.runs} runs; --policy "
             f"'{{url}}#timeout={args.timeout}&fallback={FALLBACK}', {{url}} examples/least-ttft"
         )
-        head = provenance("bench/policy_late.py", sys.argv[1:], load_before, setup)
         heading = f"Late answers over {args.runs} runs of the full burst"
-        write_section(args.report, "policy-late", heading, f"{head}\n{text}\n")
+        markdown_section(args.report, "policy-late", heading, load_before, setup, text)
     return 0
 
 

@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ from predict import (  # bench/predict.py: the script's directory is on sys.path
     planned,
     run_jobs,
 )
-from provenance import provenance, write_section
+from provenance import markdown_section
 
 from testbed.scenario.library import LIBRARY_DIR
 from testbed.scenario.schema import load_scenario
@@ -238,9 +237,8 @@ def main() -> int:
             f"local (live) at each scenario's time_scale, one run at a time, and the sim for "
             f"the same settings; seeds: each scenario's seed + 0..{args.seeds - 1}"
         )
-        head = provenance("bench/predict_live.py", sys.argv[1:], load_before, setup)
         heading = "prfaas-predict live"
-        write_section(args.report, "predict-live", heading, f"{head}\n{text.strip()}\n")
+        markdown_section(args.report, "predict-live", heading, load_before, setup, text)
     if args.json:
         args.json.write_text(json.dumps(raw, indent=1, default=str))
     return 0

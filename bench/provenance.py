@@ -173,6 +173,16 @@ def reported(
     return result
 
 
+def markdown_section(
+    report: Path, name: str, heading: str, load_before: tuple[float, ...], setup: str, text: str
+) -> None:
+    """`text`, markdown tables a script rendered, as section `name` of `report`
+    (`write_section`) under the provenance header of the script being run: `reported` for the
+    scripts whose report is tables rather than their printed output."""
+    head = provenance(f"bench/{Path(sys.argv[0]).name}", sys.argv[1:], load_before, setup)
+    write_section(report, name, heading, f"{head}\n{text.strip()}\n")
+
+
 TESTBED = [sys.executable, "-c", "from testbed.cli import main; raise SystemExit(main())"]
 """`testbed` as the console script runs it, from this interpreter's environment."""
 

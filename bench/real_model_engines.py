@@ -22,7 +22,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from provenance import provenance, write_section  # bench/: the script's directory is on sys.path
+from provenance import markdown_section  # bench/: the script's directory is on sys.path
 
 from testbed.experiment import Grid, Run, percentile, run_scenario_once
 
@@ -96,9 +96,8 @@ def main() -> int:
             "local; scenarios/real-model.yaml (seed 3) as written, then engine: emulated at the "
             "time_scale the first resolved to, byte_scale 1000, checkers: failures"
         )
-        head = provenance("bench/real_model_engines.py", sys.argv[1:], load_before, setup)
         heading = "The emulated engine on the same run"
-        write_section(args.report, "real-model-engines", heading, f"{head}\n{text}\n")
+        markdown_section(args.report, "real-model-engines", heading, load_before, setup, text)
     return 0
 
 

@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from provenance import (  # bench/provenance.py: the script's directory is on sys.path
-    provenance,
-    write_section,
+    markdown_section,
 )
 
 from testbed.experiment import Grid, completion_rate, run_scenario_once, ttft_p90
@@ -187,9 +186,8 @@ def main() -> int:
             f"local (live), the scenarios' own seeds; bandwidth-drop at loads {args.loads}, "
             "traffic-shift"
         )
-        head = provenance("bench/scheduler.py", sys.argv[1:], load_before, setup)
         heading = "Bandwidth drop and traffic shift, live"
-        write_section(args.report, "scheduler-live", heading, f"{head}\n{text.strip()}\n")
+        markdown_section(args.report, "scheduler-live", heading, load_before, setup, text)
     if args.json:
         args.json.write_text(json.dumps({"drop": drop, "shift": shift}, indent=1, default=str))
     return 0
