@@ -20,7 +20,7 @@ service runs on a free loopback port for the run and `{url}` in SPEC is its /rou
         --report bench/reports/policy_http.md
 
 `--router PRESET[:POLICY]` routes the run with an external router (the `routers` extra;
-section `sample-NAME-PRESET-POLICY`):
+section `sample-NAME-PRESET-POLICY`), and adds what its records say per route (`route_lines`):
 
     python bench/sample_run.py --router vllm-router:round_robin \
         --report bench/reports/real_routers.md
@@ -35,10 +35,14 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from provenance import TESTBED, reported  # bench/: the script's directory is on sys.path
+
+from testbed.metrics.records import RequestRecord, read_jsonl
+from testbed.metrics.window import percentile
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECK_FAILED = 1
@@ -72,6 +76,45 @@ def timing_line(out: Path) -> str:
             f"real-model steps: {late} of {steps} late, the slowest at {ratio:.2f}x its budget"
         )
     return "\n".join(lines) or "worst engine timing error: not reported by this engine"
+
+
+def _quantiles(values: Sequence[float], scale: float, unit: str) -> str:
+    """p50 / p90 / p99 of `values` x `scale`, or "none" for no values."""
+    if not values:
+        return "none"
+    return " / ".join(f"{(percentile(values, q) or 0.0) * scale:.3g}" for q in (50, 90, 99)) + unit
+
+
+def route_lines(out: Path) -> str:
+    """Where an external router sent the prefills and what the KV hand-off cost, per route, from
+    the run's requests.jsonl: the requests, their TTFT, and the seconds from the prefill's end
+    to the KV received at the decode (`transfer_end - prefill_end`): the last layer's transfer
+    where the layers stream while later ones are computed (SGLang's flavour), the router's
+    round trip, the decode's registration and the whole KV where they do not (vLLM's); then the
+    attempts retried and why requests failed (docs/real-routers.md quotes these lines)."""
+    records = [RequestRecord.from_json(d) for d in read_jsonl(out / "requests.jsonl")]
+    lines = []
+    for route in ("prfaas", "local"):
+        mine = [r for r in records if r.route == route]
+        ttft = [r.ttft for r in mine if r.ttft is not None]
+        handoff = [
+            r.transfer_end - r.prefill_end
+            for r in mine
+            if r.transfer_end is not None and r.prefill_end is not None
+        ]
+        lines.append(
+            f"route {route}: {len(mine)} requests; TTFT p50 / p90 / p99 "
+            f"{_quantiles(ttft, 1, ' s')}; prefill end to KV received p50 / p90 / p99 "
+            f"{_quantiles(handoff, 1000, ' ms')}"
+        )
+    retried = [r for r in records if r.retries]
+    lines.append(
+        f"retried: {sum(r.retries for r in retried)} attempts over {len(retried)} requests"
+    )
+    reasons = Counter(r.failure_reason for r in records if r.status == "failed")
+    shown = "; ".join(f"{n} x {why}" for why, n in reasons.most_common()) or "none"
+    lines.append(f"failed: {shown}")
+    return "\n".join(lines)
 
 
 @contextlib.contextmanager
@@ -144,6 +187,8 @@ def measure(args: argparse.Namespace) -> int:
             print(f"{shown}\ntestbed run exited {done.returncode}", file=sys.stderr)
             raise SystemExit(done.returncode)
         print(f"{shown}\n{timing_line(out)}")
+        if args.router:
+            print(route_lines(out))
         if done.returncode == CHECK_FAILED:  # an outcome the report keeps, as the run printed it
             print(f"testbed run exited {CHECK_FAILED}: a checker failed")
     return done.returncode

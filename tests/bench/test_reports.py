@@ -62,3 +62,57 @@ def test_every_report_says_where_its_figures_came_from(report: Path) -> None:
     for name in re.findall(r"<!-- (\S+):start -->", text):
         body = text.split(f"<!-- {name}:start -->", 1)[1].split(f"<!-- {name}:end -->", 1)[0]
         assert body.startswith("\n- command: `python bench/"), f"section {name}: no header"
+
+
+@pytest.mark.usefixtures("bench_path")
+def test_route_lines_split_the_records_by_route(tmp_path: Path) -> None:
+    """sample_run.py --router's per-route lines (docs/real-routers.md quotes them): counts, TTFT
+    and the prefill-end-to-KV-received hand-off per route, retries and failure reasons."""
+    import json
+
+    from sample_run import route_lines
+
+    def rec(i: int, route: str, **kw: object) -> dict[str, object]:
+        return {"id": str(i), "input_tokens": 9, "output_tokens": 1, "arrival": 0.0,
+                "route": route, **kw}  # fmt: skip
+
+    docs = [
+        rec(1, "prfaas", status="completed", first_token=2.0, prefill_end=1.0, transfer_end=1.1),
+        rec(2, "prfaas", status="completed", first_token=4.0, prefill_end=1.0, transfer_end=1.3),
+        rec(
+            3,
+            "local",
+            status="completed",
+            first_token=1.0,
+            prefill_end=0.5,
+            transfer_end=0.502,
+            retries=2,
+        ),
+        rec(4, "local", failure_reason="kv transfer timed out at decode", retries=1),
+    ]
+    (tmp_path / "requests.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    lines = route_lines(tmp_path).splitlines()
+    assert lines[0] == (
+        "route prfaas: 2 requests; TTFT p50 / p90 / p99 3 / 3.8 / 3.98 s; "
+        "prefill end to KV received p50 / p90 / p99 200 / 280 / 298 ms"
+    )
+    assert lines[1].startswith("route local: 2 requests; TTFT p50 / p90 / p99 1 / 1 / 1 s;")
+    assert lines[2] == "retried: 3 attempts over 2 requests"
+    assert lines[3] == "failed: 1 x kv transfer timed out at decode"
+
+
+@pytest.mark.usefixtures("bench_path")
+def test_router_scorecard_table_shows_each_row_per_scenario() -> None:
+    from router_scorecard import table
+
+    rows = {
+        "vllm-router": {"requests": 39, "slo_attainment": 0.769, "ttft_p90_s": 5.1, "failed": 9},
+        "prfaas": {"requests": 39, "slo_attainment": 0.718, "ttft_p90_s": 12.8, "failed": 0},
+    }
+    card = {"policy": "vllm-router", "baselines": ["prfaas"],
+            "scenarios": [{"name": "prefill-crash", "rows": rows}]}  # fmt: skip
+    assert table(card).splitlines() == [
+        "| scenario | requests | vllm-router | prfaas |",
+        "|---|---|---|---|",
+        "| prefill-crash | 39 | 76.9 %, TTFT p90 5.1 s, **9 failed** | 71.8 %, TTFT p90 12.8 s |",
+    ]

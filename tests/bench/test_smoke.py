@@ -92,6 +92,7 @@ EXEMPT = {
     "real_model_timing.py": "torch",
     "receiver_flood.py": "live",
     "router_faults.py": "live external routers",
+    "router_scorecard.py": "live external routers",
     "scheduler.py": "live",
     "shaper_agreement.py": "live, tc needs root",
     "sim_vs_live.py": "live leg",
