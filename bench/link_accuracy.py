@@ -2,6 +2,7 @@
 and unshaped throughput against raw loopback TCP, all measured in one run.
 
     python bench/link_accuracy.py            (about 2 minutes on 2 cores)
+    python bench/link_accuracy.py --report bench/reports/link.md   (section `link_accuracy`)
 
 The emulator runs as its own process (`testbed link serve`), as in the testbed's local
 substrate. Traffic comes from blocking sockets in threads of this process (they release the GIL
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from provenance import commit, load_text  # noqa: E402
+from provenance import commit, load_text, reported  # noqa: E402
 
 from testbed.errors import UserError  # noqa: E402
 
@@ -352,7 +353,17 @@ def main() -> int:
     parser.add_argument(
         "--latency-only", action="store_true", help="run only sections 2 and 3 (a few seconds)"
     )
+    parser.add_argument("--report", type=Path, metavar="FILE", help="also write the output here")
     args = parser.parse_args()
+    setup = "local; the emulator process, loopback sockets" + (
+        "" if args.latency_only else ", tc htb and tbf on a veth between two namespaces"
+    )
+    heading = "Emulator and tc accuracy (bench/link_accuracy.py)"
+    return reported(args.report, "link_accuracy", heading, setup, lambda: measure(args))
+
+
+def measure(args: argparse.Namespace) -> int:
+    """Run every section and print the report."""
     started = time.perf_counter()
     load = os.getloadavg()
     print("Link emulator accuracy (bench/link_accuracy.py)")

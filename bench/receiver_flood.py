@@ -3,6 +3,7 @@ item 11): start a real decode service process, flood its KV port three ways, and
 growth of its resident set (VmRSS) after each flood, with the receiver's own accounting.
 
     .venv/bin/python bench/receiver_flood.py [--engine emulated|torch] [--frames 100000]
+        [--report bench/reports/transfer.md]   (section `receiver_flood-ENGINE`)
 
 Floods (testbed.transfer.flood): (a) 1-byte DATA frames with unique ids; (b) one 1-byte frame
 announcing a 256 MiB layer, for an unknown id and for an id the decode was told to expect (a
@@ -115,8 +116,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--engine", choices=("emulated", "torch"), default="emulated")
     ap.add_argument("--frames", type=int, default=100_000, help="frames of flood (a)")
+    ap.add_argument("--report", type=Path, metavar="FILE", help="also write the output here")
     args = ap.parse_args()
-    return asyncio.run(run(args.engine, args.frames))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from provenance import reported
+
+    setup = f"local; one {args.engine} decode process, {args.frames} frames in flood (a)"
+    heading = f"The receiver under a flood, {args.engine} decode (bench/receiver_flood.py)"
+    return reported(
+        args.report, f"receiver_flood-{args.engine}", heading, setup,
+        lambda: asyncio.run(run(args.engine, args.frames)),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

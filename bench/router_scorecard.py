@@ -2,11 +2,12 @@ r"""An external router's scorecard exactly as a user types it, kept as a report.
 
     python bench/router_scorecard.py --router vllm-router --report bench/reports/scorecard.md
 
-runs `testbed scorecard --router PRESET[:POLICY] --quiet` (live, local substrate, its default
-four scenarios x the router and two baselines, one seed: ~15 min) in a child and writes what it
-printed, then one table from its scorecard.json: per scenario, the requests and each row's SLO
-attainment, TTFT p90 and failures. docs/scorecard.md quotes it (issue #37: the run it shows was
-hand-pasted before). Section `router-PRESET-POLICY` of the report.
+runs `testbed scorecard --router PRESET[:POLICY]` (live, local substrate, its default four
+scenarios x the router and two baselines, one seed: ~15 min) in a child and writes what it
+printed (the estimate, a line per run, the overall lines, wall and CPU), then one table from its
+scorecard.json: per scenario, the requests and each row's SLO attainment, TTFT p90 and
+failures. docs/scorecard.md quotes it (issue #37: the run it shows was hand-pasted before).
+Section `router-PRESET-POLICY` of the report.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def measure(args: argparse.Namespace) -> int:
     with its status before anything is written to the report."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "scorecard"
-        cmd = [*TESTBED, "scorecard", "--router", args.router, "--quiet", "--out", str(out)]
+        cmd = [*TESTBED, "scorecard", "--router", args.router, "--out", str(out)]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         done = subprocess.run(
             cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT

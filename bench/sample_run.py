@@ -11,6 +11,12 @@ report's section is `sample-NAME`, `sample-NAME-SUBSTRATE` off the local substra
     python bench/sample_run.py --name real-model --report bench/reports/real_model.md
     python bench/sample_run.py --substrate compose --report bench/reports/compose.md
 
+`--timeline PNG` copies the run's timeline.png there: the README's picture, regenerated with its
+report section (bench/reports/sim.md, `sample-bandwidth-drop-sim`):
+
+    python bench/sample_run.py --name bandwidth-drop --substrate sim \
+        --timeline docs/images/bandwidth-drop-timeline.png --report bench/reports/sim.md
+
 `--policy SPEC` is passed to `testbed run`; with `--serve least-ttft` the example HTTP policy
 service runs on a free loopback port for the run and `{url}` in SPEC is its /route URL (section
 `sample-NAME-least-ttft`):
@@ -32,6 +38,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -143,6 +150,7 @@ def main() -> int:
         help="start this example policy service on loopback for the run (as policy_http.py does)",
     )
     ap.add_argument("--router", help="testbed run's --router PRESET[:POLICY] (an external router)")
+    ap.add_argument("--timeline", type=Path, metavar="PNG", help="copy timeline.png here")
     ap.add_argument("--report", type=Path, metavar="FILE", help="also write the output here")
     args = ap.parse_args()
     if args.serve and "{url}" not in (args.policy or ""):
@@ -189,6 +197,9 @@ def measure(args: argparse.Namespace) -> int:
         print(f"{shown}\n{timing_line(out)}")
         if args.router:
             print(route_lines(out))
+        if args.timeline:
+            shutil.copyfile(out / "timeline.png", args.timeline)
+            print(f"timeline.png copied to {args.timeline}")
         if done.returncode == CHECK_FAILED:  # an outcome the report keeps, as the run printed it
             print(f"testbed run exited {CHECK_FAILED}: a checker failed")
     return done.returncode

@@ -7,6 +7,10 @@ each checksum algorithm per GB, which is why CRC32C is preferred when the `crc32
 installed. Runs in well under a minute.
 
     .venv/bin/python bench/transfer_throughput.py [--mib-per-run 768] [--no-uvloop]
+        [--report bench/reports/transfer.md]
+
+`--report` writes what it prints as the report's `transfer_throughput` section, under its
+provenance header (bench/provenance.py).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from testbed.transfer import ChecksumAlgo, KVReceiver, KVSender, PayloadSource, split_layers
@@ -138,8 +143,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib-per-run", type=int, default=768)
     parser.add_argument("--no-uvloop", action="store_true")
+    parser.add_argument("--report", type=Path, metavar="FILE", help="also write the output here")
     args = parser.parse_args()
-    load = os.getloadavg()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from provenance import reported
+
+    setup = f"loopback; --mib-per-run {args.mib_per_run}"
+    heading = "Throughput and checksum cost (bench/transfer_throughput.py)"
+    return reported(args.report, "transfer_throughput", heading, setup, lambda: measure(args))
+
+
+def measure(args: argparse.Namespace) -> int:
+    """Print the throughput table and each checksum's CPU per GB."""
     use_uvloop = not args.no_uvloop
     try:
         import uvloop  # noqa: F401
@@ -174,10 +189,6 @@ def main() -> int:
         print(f"  {algo.name:>7}: {cost:.3f} CPU s/GB ({1 / cost:.1f} GB/s)")
     if ChecksumAlgo.CRC32C not in algos:
         print("  CRC32C: unavailable (pip install crc32c)")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from provenance import provenance
-
-    print("\n" + provenance("bench/transfer_throughput.py", sys.argv[1:], load, "loopback"))
     print("(bench/transfer_cpu.py compares two checkouts' CPU per GB, interleaved)")
     return 0
 
