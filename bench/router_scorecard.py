@@ -39,17 +39,20 @@ def cell(row: dict[str, Any]) -> str:
 
 
 def table(card: dict[str, Any]) -> str:
-    """The scorecard's rows side by side: scenario, requests, the router's cell, each baseline's."""
+    """The scorecard's rows side by side: scenario, requests (the router's runs', from the
+    card's raw rows: a scenario's rows are means without a count), the router's cell, each
+    baseline's."""
     labels = [card["policy"], *card["baselines"]]
     lines = [
         "| scenario | requests | " + " | ".join(describe(x) for x in labels) + " |",
         "|---" * (2 + len(labels)) + "|",
     ]
     for sc in card["scenarios"]:
-        rows = sc["rows"]
-        requests = rows[card["policy"]].get("requests")
+        rows = sc["rows"]  # each label's mean over seeds, without the request count
+        runs = [r for r in card["rows"] if r["scenario"] == sc["name"] and r["label"] == labels[0]]
+        requests = sum(r["requests"] for r in runs) / len(runs) if runs else None
         cells = " | ".join(cell(rows.get(x) or {}) for x in labels)
-        lines.append(f"| {sc['name']} | {requests:g} | {cells} |")
+        lines.append(f"| {sc['name']} | {'-' if requests is None else f'{requests:g}'} | {cells} |")
     return "\n".join(lines)
 
 

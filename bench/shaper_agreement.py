@@ -16,7 +16,7 @@ emulator, same seed) is printed too. Requires root
 (tc). --quick: one run each with shortened scenarios (a smoke test of the script, not figures).
 
 Usage: python bench/shaper_agreement.py [--runs 3] [--quick] [--report FILE]
-About 12 minutes on 2 cores with the defaults.
+About 6 minutes on a quiet 2-core machine with the defaults.
 """
 
 from __future__ import annotations
@@ -148,9 +148,12 @@ def main() -> int:
     text = "\n".join(lines)
     print(text)
     if args.report:
-        setup = f"local (live), shapers emulator and tc; seeds seed .. seed+{args.runs - 1}"
+        setup = (
+            "local (live), shapers emulator and tc; each scenario's seed to seed+"
+            f"{runs - 1} (burst 7-9, bandwidth-drop 11-13 with the defaults)"
+        )
         head = provenance("bench/shaper_agreement.py", sys.argv[1:], load_before, setup)
-        Path(args.report).write_text(with_header(text, head) + "\n")
+        Path(args.report).write_text(with_header(f"# {text}", head) + "\n")  # a markdown title
     return 0
 
 

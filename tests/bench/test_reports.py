@@ -106,10 +106,11 @@ def test_router_scorecard_table_shows_each_row_per_scenario() -> None:
     from router_scorecard import table
 
     rows = {
-        "vllm-router": {"requests": 39, "slo_attainment": 0.769, "ttft_p90_s": 5.1, "failed": 9},
-        "prfaas": {"requests": 39, "slo_attainment": 0.718, "ttft_p90_s": 12.8, "failed": 0},
+        "vllm-router": {"slo_attainment": 0.769, "ttft_p90_s": 5.1, "failed": 9.0},
+        "prfaas": {"slo_attainment": 0.718, "ttft_p90_s": 12.8, "failed": 0.0},
     }
-    card = {"policy": "vllm-router", "baselines": ["prfaas"],
+    raw = [{"scenario": "prefill-crash", "label": x, "requests": 39} for x in rows]
+    card = {"policy": "vllm-router", "baselines": ["prfaas"], "rows": raw,
             "scenarios": [{"name": "prefill-crash", "rows": rows}]}  # fmt: skip
     assert table(card).splitlines() == [
         "| scenario | requests | vllm-router | prfaas |",
