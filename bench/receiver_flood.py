@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from provenance import reported  # bench/: the script's directory is on sys.path
 
 from testbed.services.spec import ServiceSpec
 from testbed.substrate.local import LocalService, start_service, stop_services
@@ -118,9 +119,6 @@ def main() -> int:
     ap.add_argument("--frames", type=int, default=100_000, help="frames of flood (a)")
     ap.add_argument("--report", type=Path, metavar="FILE", help="also write the output here")
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from provenance import reported
-
     setup = f"local; one {args.engine} decode process, {args.frames} frames in flood (a)"
     heading = f"The receiver under a flood, {args.engine} decode (bench/receiver_flood.py)"
     return reported(

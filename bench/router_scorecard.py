@@ -14,19 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from provenance import TESTBED, reported  # bench/: the script's directory is on sys.path
-from sample_run import last_frames
+from sample_run import run_child
 
 from testbed.policy.decider import describe
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def cell(row: dict[str, Any]) -> str:
@@ -63,19 +59,15 @@ def measure(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "scorecard"
         cmd = [*TESTBED, "scorecard", "--router", args.router, "--out", str(out)]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        done = subprocess.run(
-            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
-        printed = last_frames(done.stdout.decode("utf-8", errors="replace"))
+        status, printed = run_child(cmd)
         shown = printed.replace(str(out), "results/scorecard").rstrip()
-        if done.returncode not in (0, 1) or not (out / "scorecard.json").exists():
-            print(f"{shown}\ntestbed scorecard exited {done.returncode}", file=sys.stderr)
-            raise SystemExit(done.returncode or 1)
+        if status not in (0, 1) or not (out / "scorecard.json").exists():
+            print(f"{shown}\ntestbed scorecard exited {status}", file=sys.stderr)
+            raise SystemExit(status or 1)
         print(shown)
         print()
         print(table(json.loads((out / "scorecard.json").read_text())))
-    return done.returncode
+    return status
 
 
 def main() -> int:

@@ -63,6 +63,16 @@ def last_frames(text: str) -> str:
     return "\n".join(line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n"))
 
 
+def run_child(cmd: list[str]) -> tuple[int, str]:
+    """Run `cmd` in the checkout to its end: its exit status and what it printed (stdout and
+    stderr in the order printed), each progress bar as its last frame (`last_frames`)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # bytes, decoded here: text mode's universal newlines would turn the bar's carriage returns
+    # into line ends
+    done = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return done.returncode, last_frames(done.stdout.decode("utf-8", errors="replace"))
+
+
 def timing_line(out: Path) -> str:
     """The engines' timing from the run's summary.json: the worst timing error (|actual -
     modelled| / modelled over an instance's prefills or decode phases) of an emulated engine,
@@ -182,27 +192,21 @@ def measure(args: argparse.Namespace) -> int:
             url = stack.enter_context(served(args.serve)) if args.serve else ""
             cmd += ["--policy", args.policy.replace("{url}", url)]
         cmd += ["--router", args.router] if args.router else []
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # stdout and stderr in the order printed
-        # bytes, decoded here: text mode's universal newlines would turn the bar's carriage
-        # returns into line ends
-        done = subprocess.run(
-            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
-        printed = done.stdout.decode("utf-8", errors="replace")
-        shown = last_frames(printed).replace(str(out), f"results/{args.name}").rstrip()
+        status, printed = run_child(cmd)
+        shown = printed.replace(str(out), f"results/{args.name}").rstrip()
         finished = (out / "summary.json").exists()  # a crash exits 1 too, without results
-        if done.returncode not in (0, CHECK_FAILED) or not finished:
-            print(f"{shown}\ntestbed run exited {done.returncode}", file=sys.stderr)
-            raise SystemExit(done.returncode)
+        if status not in (0, CHECK_FAILED) or not finished:
+            print(f"{shown}\ntestbed run exited {status}", file=sys.stderr)
+            raise SystemExit(status)
         print(f"{shown}\n{timing_line(out)}")
         if args.router:
             print(route_lines(out))
         if args.timeline:
             shutil.copyfile(out / "timeline.png", args.timeline)
             print(f"timeline.png copied to {args.timeline}")
-        if done.returncode == CHECK_FAILED:  # an outcome the report keeps, as the run printed it
+        if status == CHECK_FAILED:  # an outcome the report keeps, as the run printed it
             print(f"testbed run exited {CHECK_FAILED}: a checker failed")
-    return done.returncode
+    return status
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from provenance import reported  # bench/: the script's directory is on sys.path
+
 from testbed.transfer import ChecksumAlgo, KVReceiver, KVSender, PayloadSource, split_layers
 from testbed.transfer.checksum import available_algos, checksum_fn
 
@@ -145,9 +147,6 @@ def main() -> int:
     parser.add_argument("--no-uvloop", action="store_true")
     parser.add_argument("--report", type=Path, metavar="FILE", help="also write the output here")
     args = parser.parse_args()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from provenance import reported
-
     setup = f"loopback; --mib-per-run {args.mib_per_run}"
     heading = "Throughput and checksum cost (bench/transfer_throughput.py)"
     return reported(args.report, "transfer_throughput", heading, setup, lambda: measure(args))
