@@ -30,198 +30,32 @@ import argparse
 import json
 import os
 import statistics
-import sys
-import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from provenance import provenance  # bench/provenance.py: the script's directory is on sys.path
-
-from testbed.experiment import (
-    Grid,
-    Row,
-    Run,
-    Setting,
-    Substrate,
-    completion_rate,
-    headline,
-    run_experiment,
-    settings_of,
-    steady_window,
-    ttft_p90,
+from predict_grid import (  # bench/predict_grid.py: the script's directory is on sys.path
+    DYNAMIC,
+    POLICIES,
+    SPLITS,
+    baselines,
+    drop_job,
+    drop_measure,
+    dynamic_job,
+    dynamic_measure,
+    dynamic_rows,
+    fmt_spread,
+    planned,
+    rate_for,
+    run_jobs,
+    saturation_job,
+    saturation_measure,
+    shift_job,
+    shift_measure,
+    spread,
+    write_report,
 )
-from testbed.experiment.grid import Value
-from testbed.scenario.hindsight import default_thresholds
-from testbed.scenario.library import LIBRARY_DIR
-from testbed.scenario.plan import prepare_run
-from testbed.scenario.schema import Scenario, load_scenario
-from testbed.scenario.sweep import sim_options
-
-POLICIES: dict[str, tuple[str, dict[str, Any]]] = {
-    "prfaas-predict": ("prfaas-predict", {}),
-    "predict, no triage": ("prfaas-predict", {"ttft_target": None}),
-    "prfaas": ("prfaas", {}),
-    "prfaas-static": ("prfaas-static", {}),
-}
-"""Row label -> (policy, `policy.predict` overrides)."""
-DYNAMIC = (
-    "burst",
-    "diurnal",
-    "link-flap",
-    "jitter",
-    "bandwidth-drop",
-    "traffic-shift",
-    "cache-skew",
-    "mooncake-trace",
-)
-SPLITS = (3, 4, 5)
-"""PD-P counts (of the 8 local instances) the drop is run on by split: 3 is the planner's."""
-
-
-def _settings(
-    name: str, *, policy: str, seed_offset: int, load: float | None = None,
-    threshold: float | None = None, duration: float | None = None,
-    arrivals: dict[str, Any] | None = None, prefill: int | None = None,
-    knobs: dict[str, Any] | None = None, checkers: bool = False,
-) -> tuple[Setting, ...]:  # fmt: skip
-    """The `--set` settings of library scenario `name` with `policy` (a row label of POLICIES,
-    or a policy name with `knobs`, its `policy.predict` settings); `prefill` pins the PD-P
-    count of its deployments (None: the planner's split). The checkers are dropped unless
-    `checkers`: these runs are measured, not judged."""
-    base = load_scenario(LIBRARY_DIR / f"{name}.yaml")
-    if knobs is None:
-        policy, knobs = POLICIES.get(policy, (policy, {}))
-    values: dict[str, Value] = {"seed": base.seed + seed_offset, "policy.name": policy}
-    values.update({f"policy.predict.{k}": v for k, v in knobs.items()})
-    if threshold is not None:
-        values["policy.threshold"] = f"{threshold:.0f}"
-    if load is not None:
-        values["workload.arrivals.load"] = load
-    values.update({f"workload.arrivals.{k}": v for k, v in (arrivals or {}).items()})
-    if duration is not None:
-        values["duration"] = f"{duration:g}s"
-    if prefill is not None:
-        values.update({f"deployments.{d}.local.prefill": prefill for d in base.deployments})
-    if not checkers:
-        values["checkers"] = []
-    return settings_of(values)
-
-
-def _scenario(name: str, **kw: Any) -> Scenario:
-    """Library scenario `name` with `_settings(name, **kw)` written in, validated as `--set`."""
-    return Grid(name).scenario_of(_settings(name, **kw))
-
-
-def planned(name: str, load: float) -> tuple[float, list[float]]:
-    """The arrival rate `load` means with the planner's own t (a fixed-t run keeps it: with
-    `load`, a worse t would lower lambda_max and with it the offered rate), and the fixed
-    thresholds `testbed hindsight` tries around that t (its grid: one grid, issue #37)."""
-    sc = _scenario(name, policy="prfaas-static", seed_offset=0, load=load)
-    rp = prepare_run(sc, sim_options())
-    assert rp.rate_rps is not None and rp.threshold_tokens is not None
-    return float(rp.rate_rps), default_thresholds(rp.threshold_tokens)
-
-
-def _rate(name: str, load: float) -> float:
-    return planned(name, load)[0]
-
-
-Job = tuple[dict[str, Any], tuple[Setting, ...]]
-Measure = Callable[[Run], dict[str, Any]]
-"""What a row says about its run (policy label, seed, ...) and the run's `--set` settings."""
-
-
-def run_jobs(
-    name: str, jobs: Sequence[Job], measure: Measure, n_jobs: int, substrate: Substrate = "sim"
-) -> list[dict[str, Any]]:
-    """Every job on library scenario `name` (testbed.experiment; on the sim `n_jobs` processes,
-    live one run at a time): each row the job's labels and the measure's figures, in job
-    order. A live run's labels and time go to stderr as it ends: they take minutes each."""
-    if not jobs:
-        return []
-    grid = Grid(name, cases=tuple(settings for _, settings in jobs), substrate=substrate)
-    t0 = time.monotonic()
-
-    def progress(i: int, _row: Row[dict[str, Any]]) -> None:
-        if substrate != "sim":
-            done = f"{time.monotonic() - t0:.0f} s"
-            print(f"{name} {i + 1}/{len(jobs)} {jobs[i][0]} ({done})", file=sys.stderr)
-
-    rows = run_experiment(grid, measure, jobs=n_jobs, checkers=False, on_row=progress)
-    return [{**labels, **row.value} for (labels, _), row in zip(jobs, rows, strict=True)]
-
-
-def drop_job(
-    policy: str, seed: int, threshold: float | None, rate: float, prefill: int | None = None,
-    knobs: dict[str, Any] | None = None,
-) -> Job:  # fmt: skip
-    """The drop at the offered `rate` under `policy` (a fixed `threshold`, a pinned split)."""
-    labels = {"policy": policy, "seed": seed, "threshold": threshold, "prefill": prefill}
-    return labels, _settings(
-        "bandwidth-drop", policy="prfaas-predict" if knobs is not None else policy,
-        seed_offset=seed, threshold=threshold, arrivals={"load": None, "rate": rate},
-        prefill=prefill, knobs=knobs,
-    )  # fmt: skip
-
-
-def drop_measure(run: Run) -> dict[str, Any]:
-    """P90 TTFT of the requests arriving during the bandwidth fault and as long before it."""
-    fault = next(e for e in run.scenario.nemesis if e.action == "bandwidth")
-    assert fault.for_ is not None
-    return {
-        "p90_during_s": ttft_p90(run.records, fault.at, fault.at + fault.for_),
-        "p90_before_s": ttft_p90(run.records, fault.at - fault.for_, fault.at),
-        "failed": headline(run.summary)["failed"],
-        "requests": len(run.records),
-    }
-
-
-def dynamic_job(name: str, policy: str, seed: int, knobs: dict[str, Any] | None = None) -> Job:
-    labels = {"scenario": name, "policy": policy, "seed": seed}
-    pol = "prfaas-predict" if knobs is not None else policy
-    return labels, _settings(name, policy=pol, seed_offset=seed, load=1.0, knobs=knobs)
-
-
-def dynamic_measure(run: Run) -> dict[str, Any]:
-    h = headline(run.summary)
-    return {
-        "slo_attainment": h["slo_attainment"],
-        "p90_ttft_s": h["ttft_p90_s"],
-        "failed": h["failed"],
-        "requests": len(run.records),
-    }
-
-
-def _dynamic(jobs: Sequence[Job], n_jobs: int) -> list[dict[str, Any]]:
-    """`jobs` over the dynamic scenarios, one experiment per scenario, rows in job order."""
-    rows: dict[int, dict[str, Any]] = {}
-    for name in DYNAMIC:
-        idx = [i for i, (labels, _) in enumerate(jobs) if labels["scenario"] == name]
-        done = run_jobs(name, [jobs[i] for i in idx], dynamic_measure, n_jobs)
-        rows.update(zip(idx, done, strict=True))
-    return [rows[i] for i in range(len(jobs))]
-
-
-def saturation_job(
-    policy: str, seed: int, duration: float, knobs: dict[str, Any] | None = None
-) -> Job:
-    """The steady paper workload, uniform arrivals at 120% of lambda_max, for `duration`."""
-    pol = "prfaas-predict" if knobs is not None else policy
-    return {"policy": policy, "seed": seed}, _settings(
-        "paper", policy=pol, seed_offset=seed, load=1.2, duration=duration,
-        arrivals={"process": "uniform"}, knobs=knobs,
-    )  # fmt: skip
-
-
-def saturation_measure(run: Run) -> dict[str, Any]:
-    return {
-        "rate_rps": completion_rate(run.records, *steady_window(run.duration_s)),
-        "p90_ttft_s": headline(run.summary)["ttft_p90_s"],
-        "planner_rps": run.plan.plan.lambda_max_rps,
-    }
-
+from predict_hindsight import dynamic_hindsight, yardstick  # bench/predict_hindsight.py
 
 ABLATIONS: dict[str, dict[str, Any]] = {
     "defaults": {},
@@ -235,34 +69,9 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 """`policy.predict` variants the ablation table compares with the defaults."""
 
 
-def shift_measure(run: Run) -> dict[str, Any]:
-    """traffic-shift: when the new split is in force, the longest drain, and the completion
-    rate over its throughput checker's window."""
-    check = next(c for c in run.scenario.checkers if c.check == "throughput")
-    after, until = getattr(check, "after", None), getattr(check, "until", None)
-    assert after is not None and until is not None
-    splits = [e.t for e in run.history if e.kind == "split"]
-    drains = [e.data.get("drain_s", 0.0) for e in run.history if e.kind == "switched"]
-    return {
-        "split_at": splits[0] if splits else None,
-        "max_drain_s": max(drains) if drains else None,
-        "rate_rps": completion_rate(run.records, after, until),
-    }
-
-
-def shift_job(predrain: int, seed: int) -> Job:
-    """traffic-shift with prfaas-predict, draining ahead (predrain) or not; its checkers kept
-    (the throughput window)."""
-    settings = _settings("traffic-shift", policy="prfaas-predict", seed_offset=seed, checkers=True)
-    return {"predrain": predrain, "seed": seed}, (
-        *settings,
-        ("policy.long_term.predrain", str(predrain)),
-    )
-
-
 def run_ablation(n_jobs: int, seeds: int) -> list[str]:
     """Each variant on the 50%-load drop (P90 during) and link-flap at 100% (SLO attainment)."""
-    rate = _rate("bandwidth-drop", 0.5)
+    rate = rate_for("bandwidth-drop", 0.5)
     drop = run_jobs("bandwidth-drop", [
         drop_job(lab, s, None, rate, knobs=ABLATIONS[lab]) for lab in ABLATIONS
         for s in range(seeds)], drop_measure, n_jobs)  # fmt: skip
@@ -280,10 +89,10 @@ def run_ablation(n_jobs: int, seeds: int) -> list[str]:
         "|---|---|---|",
     ]
     for lab in ABLATIONS:
-        d = _mean([r for r in rows if r["label"] == lab and r["case"] == "drop"], "value")
-        f = _mean([r for r in rows if r["label"] == lab and r["case"] == "flap"], "value")
+        d = spread([r for r in rows if r["label"] == lab and r["case"] == "drop"], "value")
+        f = spread([r for r in rows if r["label"] == lab and r["case"] == "flap"], "value")
         assert d is not None and f is not None
-        out.append(f"| {lab} | {_fmt(d, '.1f', ' s')} | {f[0]:.1%} ({f[1]:.1%}-{f[2]:.1%}) |")
+        out.append(f"| {lab} | {fmt_spread(d, '.1f', ' s')} | {f[0]:.1%} ({f[1]:.1%}-{f[2]:.1%}) |")
     shift_jobs = [shift_job(p, s) for p in (3, 0) for s in range(seeds)]
     shift = run_jobs("traffic-shift", shift_jobs, shift_measure, n_jobs)
     out += [
@@ -295,39 +104,10 @@ def run_ablation(n_jobs: int, seeds: int) -> list[str]:
     for p in (3, 0):
         rs = [r for r in shift if r["predrain"] == p]
         out.append(
-            f"| {p} | {_fmt(_mean(rs, 'split_at'), '.0f', ' s')} | "
-            f"{_fmt(_mean(rs, 'max_drain_s'), '.1f', ' s')} | "
-            f"{_fmt(_mean(rs, 'rate_rps'), '.2f')} |"
+            f"| {p} | {fmt_spread(spread(rs, 'split_at'), '.0f', ' s')} | "
+            f"{fmt_spread(spread(rs, 'max_drain_s'), '.1f', ' s')} | "
+            f"{fmt_spread(spread(rs, 'rate_rps'), '.2f')} |"
         )
-    out.append("")
-    return out
-
-
-def yardstick(seeds: int, jobs: int) -> list[str]:
-    """The drop against `testbed hindsight` (testbed.scenario.hindsight.best_fixed: fixed t and
-    PD split, its own window and offered rate), each policy measured the same way."""
-    from testbed.scenario.hindsight import best_fixed, measure_sim, objective_value
-
-    base = load_scenario(LIBRARY_DIR / "bandwidth-drop.yaml")
-    seed_list = [base.seed + k for k in range(seeds)]
-    best = best_fixed(LIBRARY_DIR / "bandwidth-drop.yaml", seed_list, "ttft-p90-fault", jobs=jobs)
-    ref = objective_value(best.best, "ttft-p90-fault")
-    out = ["## The drop against `testbed hindsight` (sim)\n",
-           f"`testbed hindsight bandwidth-drop --seeds {','.join(map(str, seed_list))}`: best "
-           f"fixed setting t = {best.best['threshold_tokens']:,.0f} tokens, "
-           f"{best.best['n_prefill']} PD-P; P90 TTFT over the fault window {ref:.2f} s. The "
-           "policies on the same objective and seeds:\n",
-           "| policy | P90 TTFT, fault window | vs hindsight |", "|---|---|---|"]  # fmt: skip
-    for pol in ("prfaas-predict", "prfaas", "prfaas-static"):
-        vals = [
-            objective_value(
-                measure_sim(Grid("bandwidth-drop").scenario_of((("seed", str(s)),)), pol)[1],
-                "ttft-p90-fault",
-            )
-            for s in seed_list
-        ]
-        m = statistics.fmean(vals)
-        out.append(f"| {pol} | {m:.2f} s ({min(vals):.2f}-{max(vals):.2f}) | {m / ref - 1:+.0%} |")
     out.append("")
     return out
 
@@ -379,19 +159,6 @@ def decision_cost(n: int = 10_000, decisions: int = 20_000) -> list[str]:
     return out
 
 
-def _mean(rows: list[dict[str, Any]], key: str) -> tuple[float, float, float] | None:
-    vals = [r[key] for r in rows if r[key] is not None]
-    if not vals:
-        return None
-    return statistics.fmean(vals), min(vals), max(vals)
-
-
-def _fmt(m: tuple[float, float, float] | None, spec: str, unit: str = "") -> str:
-    if m is None:
-        return "-"
-    return f"{m[0]:{spec}}{unit} ({m[1]:{spec}}-{m[2]:{spec}})"
-
-
 def run_drop(n_jobs: int, seeds: int) -> dict[str, Any]:
     rate, thresholds = planned("bandwidth-drop", 0.5)
     jobs = [drop_job(p, s, None, rate) for p in POLICIES for s in range(seeds)]
@@ -402,7 +169,7 @@ def run_drop(n_jobs: int, seeds: int) -> dict[str, Any]:
     for r in rows:
         if r["threshold"] is not None:
             by_t.setdefault(r["threshold"], []).append(r)
-    means = {t: _mean(rs, "p90_during_s") for t, rs in by_t.items()}
+    means = {t: spread(rs, "p90_during_s") for t, rs in by_t.items()}
     best_t = min((t for t in means if means[t] is not None), key=lambda t: means[t][0])  # type: ignore[index]
     table = {p: [r for r in rows if r["policy"] == p and r["threshold"] is None] for p in POLICIES}
     table[f"hindsight (prfaas-static, t={best_t:,.0f})"] = by_t[best_t]
@@ -418,15 +185,15 @@ def render_drop(d: dict[str, Any], seeds: int) -> list[str]:
         "|---|---|---|---|---|",
     ]
     hind = next(v for k, v in d["table"].items() if k.startswith("hindsight"))
-    ref = _mean(hind, "p90_during_s")
+    ref = spread(hind, "p90_during_s")
     for name, rows in d["table"].items():
-        during = _mean(rows, "p90_during_s")
+        during = spread(rows, "p90_during_s")
         rel = f"{during[0] / ref[0] - 1:+.1%}" if during and ref else "-"
         failed = sum(r["failed"] for r in rows)
         total = sum(r["requests"] for r in rows)
         out.append(
-            f"| {name} | {_fmt(_mean(rows, 'p90_before_s'), '.1f', ' s')} | "
-            f"{_fmt(during, '.1f', ' s')} | {rel} | {failed}/{total} |"
+            f"| {name} | {fmt_spread(spread(rows, 'p90_before_s'), '.1f', ' s')} | "
+            f"{fmt_spread(during, '.1f', ' s')} | {rel} | {failed}/{total} |"
         )
     grid = ", ".join(
         f"{t / 1000:.1f}K: {m[0]:.1f}" for t, m in sorted(d["grid"].items()) if m is not None
@@ -461,22 +228,22 @@ def render_split(rows: list[dict[str, Any]], seeds: int) -> list[str]:
     for n in SPLITS:
         at = [r for r in rows if r["prefill"] == n]
         grid = {
-            t: _mean([r for r in at if r["threshold"] == t], "p90_during_s")
+            t: spread([r for r in at if r["threshold"] == t], "p90_during_s")
             for t in sorted({r["threshold"] for r in at if r["threshold"] is not None})
         }
         best_t = min((t for t in grid if grid[t] is not None), key=lambda t: grid[t][0])  # type: ignore[index]
         best = grid[best_t]
         untuned = [r for r in at if r["threshold"] is None]
         pol = {
-            p: _mean([r for r in untuned if r["policy"] == p], "p90_during_s")
+            p: spread([r for r in untuned if r["policy"] == p], "p90_during_s")
             for p in ("prfaas-predict", "prfaas", "prfaas-static")
         }
         pred = pol["prfaas-predict"]
         rel = f"{pred[0] / best[0] - 1:+.1%}" if pred and best else "-"
         out.append(
-            f"| {n} / {8 - n} | t = {best_t / 1000:.1f}K: {_fmt(best, '.1f', ' s')} | "
-            f"{_fmt(pred, '.1f', ' s')} | {rel} | {_fmt(pol['prfaas'], '.1f', ' s')} | "
-            f"{_fmt(pol['prfaas-static'], '.1f', ' s')} |"
+            f"| {n} / {8 - n} | t = {best_t / 1000:.1f}K: {fmt_spread(best, '.1f', ' s')} | "
+            f"{fmt_spread(pred, '.1f', ' s')} | {rel} | {fmt_spread(pol['prfaas'], '.1f', ' s')} | "
+            f"{fmt_spread(pol['prfaas-static'], '.1f', ' s')} |"
         )
     out.append("")
     return out
@@ -484,7 +251,7 @@ def render_split(rows: list[dict[str, Any]], seeds: int) -> list[str]:
 
 def run_dynamic(n_jobs: int, seeds: int) -> list[dict[str, Any]]:
     jobs = [dynamic_job(n, p, s) for n in DYNAMIC for p in POLICIES for s in range(seeds)]
-    return _dynamic(jobs, n_jobs)
+    return dynamic_rows(jobs, n_jobs)
 
 
 def render_dynamic(rows: list[dict[str, Any]], seeds: int) -> list[str]:
@@ -503,7 +270,7 @@ def render_dynamic(rows: list[dict[str, Any]], seeds: int) -> list[str]:
         cells, att, p90 = [], {}, {}
         for p in POLICIES:
             rs = [r for r in rows if r["scenario"] == name and r["policy"] == p]
-            a, q = _mean(rs, "slo_attainment"), _mean(rs, "p90_ttft_s")
+            a, q = spread(rs, "slo_attainment"), spread(rs, "p90_ttft_s")
             att[p] = a[0] if a else float("nan")
             p90[p] = q[0] if q else float("nan")
             cells.append(f"{a[0]:.1%} / {q[0]:.1f} s" if a and q else "-")
@@ -529,17 +296,6 @@ DIAL: tuple[tuple[str, dict[str, float]], ...] = (
 prfaas-predict (the smaller share outright, no reserve)."""
 
 
-def _baselines(rows: list[dict[str, Any]], name: str) -> tuple[float, float]:
-    """The better SLO attainment and the lower P90 TTFT of prfaas and prfaas-static on
-    scenario `name` (means over the seeds of the dynamic table's `rows`)."""
-    means = {
-        p: [statistics.fmean(r[key] for r in rows if r["scenario"] == name and r["policy"] == p)
-            for key in ("slo_attainment", "p90_ttft_s")]
-        for p in ("prfaas", "prfaas-static")
-    }  # fmt: skip
-    return max(m[0] for m in means.values()), min(m[1] for m in means.values())
-
-
 def run_dial(
     n_jobs: int,
     seeds: int,
@@ -558,7 +314,7 @@ def run_dial(
     dial_jobs = [
         dynamic_job(n, k, s, dial_knobs[k]) for k in ks for n in DYNAMIC for s in range(seeds)
     ]
-    dial = [{**r, "column": r["policy"]} for r in _dynamic(dial_jobs, n_jobs)]
+    dial = [{**r, "column": r["policy"]} for r in dynamic_rows(dial_jobs, n_jobs)]
     dial += [{**r, "column": "default"} for r in rows if r["policy"] == "prfaas-predict"]
     sat_jobs = [saturation_job(k, s, duration, dial_knobs[k]) for k in ks for s in range(seeds)]
     sat = [
@@ -598,7 +354,7 @@ def run_dial(
     five = dict.fromkeys(labels, 0)
     p90_ok = dict.fromkeys(labels, 0)
     for name in DYNAMIC:
-        ref_slo, ref_p90 = _baselines(rows, name)
+        ref_slo, ref_p90 = baselines(rows, name)
         cells = []
         for k in labels:
             rs = [r for r in dial if r["scenario"] == name and r["column"] == k]
@@ -620,65 +376,6 @@ def run_dial(
     return out
 
 
-def dynamic_hindsight(seeds: int, jobs: int, rows: list[dict[str, Any]]) -> list[str]:
-    """Each dynamic scenario at 100% of lambda_max against every fixed threshold of
-    `testbed hindsight`'s grid on the planner's split (the offered rate fixed at the planner's
-    t, as the hindsight does): the fixed t with the best SLO attainment and the one with the
-    best P90 TTFT, over the same seeds as the policies. Where no fixed t reaches
-    prfaas-predict's attainment and the baselines' P90 together, the two targets pull apart
-    on that scenario for this family of policies too."""
-    from testbed.scenario.hindsight import best_fixed
-
-    out = [
-        "## Dynamic scenarios at 100%: the fixed thresholds in hindsight (sim)\n",
-        "`testbed.scenario.hindsight.best_fixed` (what `testbed hindsight --no-splits` runs: "
-        "`prfaas-static` at the planner's t x 1/4 ... 2.83, the planner's split, the offered "
-        "rate fixed) with `workload.arrivals.load` set to 1.0, the seeds of the "
-        "table above; per scenario the fixed t with the highest SLO attainment and the one with "
-        "the lowest P90 TTFT (mean over the seeds), against prfaas-predict and the better "
-        "baselines (better SLO attainment of prfaas and prfaas-static; lower P90). The last "
-        "column asks the issue's target of every fixed t: 5+ points above the better baseline "
-        "with P90 TTFT no worse.\n",
-        "| scenario | best SLO: t, SLO / P90 | best P90: t, SLO / P90 | prfaas-predict: SLO / "
-        "P90 | better baseline: SLO / P90 | fixed t 5+ points above it, P90 no worse |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name in DYNAMIC:
-        base = load_scenario(LIBRARY_DIR / f"{name}.yaml")
-        res = best_fixed(
-            LIBRARY_DIR / f"{name}.yaml",
-            [base.seed + k for k in range(seeds)],
-            "goodput",
-            sweep_split=False,
-            jobs=jobs,
-            overrides=[("workload.arrivals.load", "1.0")],
-        )
-        sets = [x for x in res.settings if x.get("slo_attainment") is not None]
-        by_slo = max(sets, key=lambda x: x["slo_attainment"])
-        by_p90 = min(sets, key=lambda x: x["ttft_p90_s"])
-
-        pred = [r for r in rows if r["scenario"] == name and r["policy"] == "prfaas-predict"]
-        pred_slo = statistics.fmean(r["slo_attainment"] for r in pred)
-        pred_p90 = statistics.fmean(r["p90_ttft_s"] for r in pred)
-        ref_slo, ref_p90 = _baselines(rows, name)
-        both = [
-            x for x in sets
-            if x["slo_attainment"] >= ref_slo + 0.05 and x["ttft_p90_s"] <= ref_p90
-        ]  # fmt: skip
-
-        def cell(x: dict[str, Any]) -> str:
-            return (f"{x['threshold_tokens'] / 1000:.1f}K, {x['slo_attainment']:.1%} / "
-                    f"{x['ttft_p90_s']:.1f} s")  # fmt: skip
-
-        out.append(
-            f"| {name} | {cell(by_slo)} | {cell(by_p90)} | {pred_slo:.1%} / {pred_p90:.1f} s | "
-            f"{ref_slo:.1%} / {ref_p90:.1f} s | "
-            f"{', '.join(cell(x) for x in both) if both else 'none'} |"
-        )
-    out.append("")
-    return out
-
-
 def run_saturation(n_jobs: int, seeds: int, duration: float) -> list[dict[str, Any]]:
     jobs = [saturation_job(p, s, duration) for p in POLICIES for s in range(seeds)]
     return run_jobs("paper", jobs, saturation_measure, n_jobs)
@@ -686,7 +383,7 @@ def run_saturation(n_jobs: int, seeds: int, duration: float) -> list[dict[str, A
 
 def render_saturation(rows: list[dict[str, Any]], seeds: int, duration: float) -> list[str]:
     planner = rows[0]["planner_rps"]
-    static = _mean([r for r in rows if r["policy"] == "prfaas-static"], "rate_rps")
+    static = spread([r for r in rows if r["policy"] == "prfaas-static"], "rate_rps")
     out = [
         "## Saturation, steady paper workload (sim)\n",
         f"Uniform arrivals at 120% of lambda_max ({planner:.2f} req/s), {duration:.0f} s; "
@@ -698,10 +395,10 @@ def render_saturation(rows: list[dict[str, Any]], seeds: int, duration: float) -
     ]
     for p in POLICIES:
         rs = [r for r in rows if r["policy"] == p]
-        m, q = _mean(rs, "rate_rps"), _mean(rs, "p90_ttft_s")
+        m, q = spread(rs, "rate_rps"), spread(rs, "p90_ttft_s")
         assert m is not None and static is not None
-        out.append(f"| {p} | {_fmt(m, '.2f')} | {m[0] / planner - 1:+.1%} | "
-                   f"{m[0] / static[0] - 1:+.1%} | {_fmt(q, '.1f', ' s')} |")  # fmt: skip
+        out.append(f"| {p} | {fmt_spread(m, '.2f')} | {m[0] / planner - 1:+.1%} | "
+                   f"{m[0] / static[0] - 1:+.1%} | {fmt_spread(q, '.1f', ' s')} |")  # fmt: skip
     out.append("")
     return out
 
@@ -753,10 +450,7 @@ def main() -> int:
     text = "\n".join(out)
     print(text)
     if args.report:
-        setup = f"sim; seeds: each scenario's seed + 0..{args.seeds - 1}; {args.jobs} jobs"
-        head = provenance("bench/predict.py", sys.argv[1:], load_before, setup)
-        args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(out[0] + "\n" + head + "\n" + "\n".join(out[1:]))
+        write_report(args.report, "bench/predict.py", load_before, args.seeds, args.jobs, out)
     if args.json:
         args.json.write_text(json.dumps(raw, indent=1, default=str))
     return 0

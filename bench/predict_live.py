@@ -29,7 +29,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from predict import (  # bench/predict.py: the script's directory is on sys.path
+from predict_grid import (  # bench/predict_grid.py: the script's directory is on sys.path
     SPLITS,
     Job,
     Measure,

@@ -6,7 +6,11 @@ steady window (testbed.metrics.window) being the saturation throughput. Prints i
 next to the planner's lambda_max and the live figures bench/fidelity.py measured (600 s runs),
 read from its report (bench/reports/fidelity.md).
 
-Usage: python bench/sim_saturation.py [--duration 600s] [--report FILE]   (a few seconds)
+Then prfaas-pd alone at other run lengths (`--lengths`, default 120 s and 1,200 s): how long a
+run the steady window needs before the ramp-up stops weighing on it.
+
+Usage: python bench/sim_saturation.py [--duration 600s] [--lengths 120s,1200s] [--report FILE]
+(a few seconds)
 `--report` writes the table with its provenance (bench/reports/sim_saturation.md); the table
 is a function of the seeds and of fidelity.md (tests/bench/test_reports.py regenerates it).
 """
@@ -82,11 +86,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--duration", type=parse_duration, default=600.0)
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument(
+        "--lengths",
+        type=lambda s: tuple(parse_duration(x) for x in s.split(",") if x),
+        default=LENGTHS,
+        help="prfaas-pd's other run lengths, comma-separated (empty: none)",
+    )
     ap.add_argument("--report", type=Path, help="write the table, with provenance, here")
     args = ap.parse_args()
     load_before = os.getloadavg()
     g = grid(args.duration)
-    text = report(g, args.duration, args.jobs)
+    text = report(g, args.duration, args.jobs, args.lengths)
     print(text, end="")
     if args.report:
         seed = g.scenario_of().seed
@@ -97,10 +107,33 @@ def main() -> int:
     return 0
 
 
-def report(g: Grid, duration_s: float, jobs: int = 1) -> str:
-    """The report's text without its provenance: a title line, then the table."""
+LENGTHS = (120.0, 1200.0)
+"""Run lengths (real-world s) the second table runs prfaas-pd for."""
+
+
+def lengths_table(lengths: tuple[float, ...], jobs: int = 1) -> list[str]:
+    """prfaas-pd's saturation on the sim for each run length, against the planner."""
+    out = [
+        "",
+        "prfaas-pd at other run lengths (sim; the steady window is the run's last five sixths):",
+        "",
+        "| run length | planner | sim | sim vs planner |",
+        "|---|---|---|---|",
+    ]
+    for d in lengths:
+        g = Grid.of("paper", fixed={
+            "duration": f"{d:g}s", "checkers": [], "workload.arrivals.load": 1.2, **CASES[0],
+        })  # fmt: skip
+        (row,) = run_experiment(g, measure, jobs=jobs, checkers=False)
+        planned, rate = row.value
+        out.append(f"| {d:.0f} s | {planned:.2f} | {rate:.2f} | {rate / planned - 1:+.1%} |")
+    return out
+
+
+def report(g: Grid, duration_s: float, jobs: int = 1, lengths: tuple[float, ...] = LENGTHS) -> str:
+    """The report's text without its provenance: a title line, then the tables."""
     title = f"# Saturation at 120% of lambda_max, {duration_s:.0f}s real-world, sim vs live"
-    return "\n".join([title, "", *table(g, jobs)]) + "\n"
+    return "\n".join([title, "", *table(g, jobs), *lengths_table(lengths, jobs)]) + "\n"
 
 
 if __name__ == "__main__":

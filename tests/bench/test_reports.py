@@ -27,6 +27,16 @@ def test_sim_saturation_report_regenerates_byte_for_byte() -> None:
 
 
 @pytest.mark.usefixtures("bench_path")
+def test_predict_variants_burst_table_regenerates_byte_for_byte() -> None:
+    """docs/scheduler.md quotes this table (where cache-skew's burst sends its requests)."""
+    import predict_variants
+
+    committed = (BENCH / "reports" / "predict_variants.md").read_text()
+    assert "- command: `python bench/predict_variants.py" in committed
+    assert "\n".join(predict_variants.burst(1)) in committed
+
+
+@pytest.mark.usefixtures("bench_path")
 def test_report_body_drops_only_the_provenance_lines() -> None:
     from provenance import report_body
 

@@ -14,7 +14,8 @@ Exempt, with the reason (docs/experiments.md lists them too):
 - image_build.py: a Docker engine, and it rebuilds the project's images;
 - real_model_timing.py: torch (the `model` extra);
 - sim_vs_live.py: its live leg (the sim leg alone is what the other smoke tests run);
-- lifecycle_parity.py: compares two checkouts of the project (before and after a change).
+- lifecycle_parity.py: compares two checkouts of the project (before and after a change);
+- provenance.py, predict_grid.py, predict_hindsight.py: helpers the scripts import.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ SMOKE: dict[str, list[str]] = {
     ],
     "scorecard_cost.py": ["--scenarios", "paper", "--seeds", "1"],
     "predict.py": ["--only", "saturation", "--seeds", "1", "--duration", "60", "--jobs", "1"],
+    "predict_variants.py": ["--only", "floor", "--seeds", "1", "--jobs", "1"],
+    "walkthrough.py": ["--only", "vectors"],  # its sim and live steps: minutes
     "thesis.py": [
         "--substrate",
         "sim",
@@ -71,6 +74,7 @@ SECTION = {
     "sim_gap.py": "sim_gap",
     "sim_scale.py": "sim_scale-prfaas-static",
     "sim_sweep.py": "sim_sweep",
+    "walkthrough.py": "walkthrough-vectors",
 }
 """Scripts whose smoke run also writes its `--report` section (named so)."""
 EXEMPT = {
@@ -85,6 +89,8 @@ EXEMPT = {
     "long_prompts.py": "live",
     "policy_http.py": "live",
     "policy_late.py": "live",
+    "predict_grid.py": "a helper of the predict*.py scripts, not a bench",
+    "predict_hindsight.py": "a helper of predict.py, not a bench",
     "predict_live.py": "live",
     "prefix_cache.py": "live",
     "provenance.py": "a helper, not a bench",
