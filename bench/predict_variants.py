@@ -138,8 +138,7 @@ def sustain(n_jobs: int, seeds: int) -> list[str]:
     out = [
         "## The long-term loop's sustain on the drop at 90% (sim)\n",
         f"bandwidth-drop at 90% of lambda_max, {seeds} seeds: P90 TTFT of the requests arriving "
-        "during the drop and in the 60 s after it, and the PD splits adopted (`split` events) "
-        "per run.\n",
+        "during the drop, and the PD splits adopted (`split` events) per run.\n",
         "| variant | P90 TTFT during | splits adopted |",
         "|---|---|---|",
     ]
