@@ -32,13 +32,14 @@ def _run(args: list[str], url: str, out: Path | None = None, cache: str | None =
     """`testbed ARGS` with the example importable: prints the command and its output, and
     returns its exit status. The service's URL, the results directory and the cache read as
     the walk-through's (port 9000, results/scorecard, the default cache)."""
-    os.environ["PYTHONPATH"] = f"{EXAMPLE}:{os.environ.get('PYTHONPATH', '')}"
     status, printed = run_child([*TESTBED, *args])
     text = " ".join(a if " " not in a and "&" not in a else f"'{a}'" for a in args)
     text = f"$ testbed {text}\n{printed.rstrip()}\n"
-    shown = {url: SHOWN_URL, str(out): "results/scorecard", str(cache): "results/.scorecard-cache"}
+    shown = {url: SHOWN_URL}
+    shown |= {str(out): "results/scorecard"} if out is not None else {}
+    shown |= {cache: "results/.scorecard-cache"} if cache is not None else {}
     for real, alias in shown.items():
-        text = text.replace(real, alias) if real != "None" else text
+        text = text.replace(real, alias)
     print(text)
     return status
 
@@ -69,6 +70,8 @@ def main() -> int:
     ap.add_argument("--only", choices=STEPS)
     ap.add_argument("--report", type=Path, metavar="FILE", help="also write the output here")
     args = ap.parse_args()
+    # the children import the example plugin by module (PLUGIN) from its checkout
+    os.environ["PYTHONPATH"] = f"{EXAMPLE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     steps = [s for s in STEPS if args.only in (None, s)]
     status = 0
     for step in steps:
