@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from provenance import provenance  # bench/provenance.py: the script's directory is on sys.path
+
 from testbed.experiment import (
     Grid,
     Row,
@@ -259,8 +261,6 @@ def write_report(
 ) -> None:  # fmt: skip
     """`out` (a title line, then the tables) into `report` with the provenance header of
     `script` under the title: the sim predict benches' reports read alike."""
-    from provenance import provenance  # bench/provenance.py: the script's directory is on sys.path
-
     setup = f"sim; seeds: each scenario's seed + 0..{seeds - 1}; {jobs} jobs"
     head = provenance(script, sys.argv[1:], load_before, setup)
     report.parent.mkdir(parents=True, exist_ok=True)
