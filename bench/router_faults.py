@@ -40,10 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from provenance import (
-    provenance,
-    write_section,
-)  # bench/provenance.py: the script's directory is on sys.path
+from provenance import provenance, write_section  # bench/provenance.py, on sys.path
 
 from testbed.config import ScaleConfig
 from testbed.config.router import ExternalRouterConfig
@@ -213,16 +210,15 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     tmp = tempfile.mkdtemp(prefix="router-faults-")  # kept: each run's results and logs
     print(f"runs under {tmp}", flush=True)
-    if True:
-        for w in who:
-            for f in faults:
-                out = Path(tmp) / f"{w.replace(':', '-')}-{f}"
-                try:
-                    row = asyncio.run(one_run(w, f, out))
-                except Exception as exc:  # one cell's failure is shown, not the bench's end
-                    row = {"who": w, "fault": f, "error": f"{type(exc).__name__}: {exc}"[:300]}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+    for w in who:
+        for f in faults:
+            out = Path(tmp) / f"{w.replace(':', '-')}-{f}"
+            try:
+                row = asyncio.run(one_run(w, f, out))
+            except Exception as exc:  # one cell's failure is shown, not the bench's end
+                row = {"who": w, "fault": f, "error": f"{type(exc).__name__}: {exc}"[:300]}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     text = render(
         rows, provenance("bench/router_faults.py", sys.argv[1:], load_before, setup_line())
     )

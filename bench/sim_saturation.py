@@ -120,11 +120,13 @@ def lengths_table(lengths: tuple[float, ...], jobs: int = 1) -> list[str]:
         "| run length | planner | sim | sim vs planner |",
         "|---|---|---|---|",
     ]
-    for d in lengths:
-        g = Grid.of("paper", fixed={
-            "duration": f"{d:g}s", "checkers": [], "workload.arrivals.load": 1.2, **CASES[0],
-        })  # fmt: skip
-        (row,) = run_experiment(g, measure, jobs=jobs, checkers=False)
+    g = Grid.of(
+        "paper",
+        fixed={"checkers": [], "workload.arrivals.load": 1.2, **CASES[0]},
+        cases=[{"duration": f"{d:g}s"} for d in lengths],
+    )
+    rows = run_experiment(g, measure, jobs=jobs, checkers=False)
+    for d, row in zip(lengths, rows, strict=True):
         planned, rate = row.value
         out.append(f"| {d:.0f} s | {planned:.2f} | {rate:.2f} | {rate / planned - 1:+.1%} |")
     return out
