@@ -15,10 +15,10 @@ partition, mooncake-trace, traffic-shift). --quick runs one seed. --sim-only run
 leg (seconds; to check a scenario runs there, or on a machine too busy for live runs).
 `--report FILE` also writes the means (sim minus live, one row per scenario) and the printed
 tables, under their provenance header, as the `sim_vs_live` section of FILE
-(bench/reports/sim_vs_live.md), the rest of FILE kept. About
-50 s of wall per live run of burst on 2 cores: the full agreement run (six scenarios, three
-seeds) is ~20-30 minutes of live runs and wants a quiet machine, since live TTFTs grow when a
-core is busy.
+(bench/reports/sim_vs_live.md), the rest of FILE kept. A live run
+of one of the six takes 18-70 s on 2 cores (bench/reports/durations.md): the full agreement
+run (six scenarios, three seeds) is several minutes of live runs per scenario and wants a quiet
+machine, since live TTFTs grow when a core is busy.
 """
 
 from __future__ import annotations

@@ -79,6 +79,7 @@ SECTION = {
 """Scripts whose smoke run also writes its `--report` section (named so)."""
 EXEMPT = {
     "aiperf_drive.py": "AIPerf in its own venv, live",
+    "durations.py": "live: times the library, the chaos suite and the scorecard as run",
     "facade_cost.py": "live",
     "fidelity.py": "live",
     "lifecycle_parity.py": "two checkouts of the project (before and after a change)",
