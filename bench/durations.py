@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import itertools
 import json
 import os
@@ -49,20 +50,20 @@ from testbed.scenario.schema import load_scenario
 from testbed.scenario.short import short_variant
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("library", "short", "tests", "scorecard")
+HEADINGS = dict(
+    library="The library, as `make scenario` runs it",
+    short="The short versions, live (the chaos suite's runs)",
+    tests="The chaos suite and the sim leg",
+    scorecard="The scorecard's defaults and the agreement bench's sim leg",
+)
+"""Each section's heading in the report, by the name `--sections` takes."""
+SECTIONS = tuple(HEADINGS)
 TORCH_MISSING = "torch is not installed (the `model` extra)"
-EXAMPLE_POLICY = "least_ttft.plugin:LeastTTFT"
-"""The example plugin policy, by module and class: what the `least-ttft` entry point names,
-importable from examples/least-ttft without installing it."""
 
 
 def has_torch() -> bool:
     """Whether the tiny real model can run here (real-model's scenario needs it)."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("torch") is not None
 
 
 def needs_torch(path: Path) -> bool:
@@ -245,6 +246,11 @@ def tests_section(log: Callable[[str], None]) -> str:
     return text
 
 
+EXAMPLE_POLICY = "least_ttft.plugin:LeastTTFT"
+"""The example plugin policy, by module and class: what the `least-ttft` entry point names,
+importable from examples/least-ttft without installing it."""
+
+
 def scorecard_section(log: Callable[[str], None]) -> str:
     """`testbed scorecard`'s defaults for the example policy, and sim_vs_live's sim leg."""
     env = {"PYTHONPATH": str(ROOT / "examples" / "least-ttft")}
@@ -269,12 +275,10 @@ def scorecard_section(log: Callable[[str], None]) -> str:
     return "\n\n".join(lines) + "\n"
 
 
-MEASURES: dict[str, tuple[str, Callable[[Callable[[str], None]], str]]] = {
-    "library": ("The library, as `make scenario` runs it", library_section),
-    "short": ("The short versions, live (the chaos suite's runs)", short_section),
-    "tests": ("The chaos suite and the sim leg", tests_section),
-    "scorecard": ("The scorecard's defaults and the agreement bench's sim leg", scorecard_section),
+MEASURES: dict[str, Callable[[Callable[[str], None]], str]] = {
+    name: globals()[f"{name}_section"] for name in SECTIONS
 }
+"""Each section's measure: NAME_section, which logs its rows as they come and returns its text."""
 
 
 def parse_sections(text: str) -> list[str]:
@@ -298,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.report is not None and not args.report.exists():
         args.report.write_text("# Durations: what the docs' guidance commands cost here\n")
     for name in args.sections:
-        heading, measure = MEASURES[name]
+        heading, measure = HEADINGS[name], MEASURES[name]
         print(f"## {heading}", flush=True)
         load_before = os.getloadavg()
         text = measure(lambda line: print(line, flush=True))
