@@ -20,7 +20,8 @@ The external runs use the planner's static PD split (policy prfaas-static: an ex
 cannot follow role switches); ours run the named policy. For each run: nothing lost from the
 testbed's view (nothing_lost, kv_accounted, no_unverified_decode), SLO attainment, TTFT p90
 (client-side: through the router), failures and, for the external routers, the reaction
-figures (summary.json's router_reaction). One live run at a time; about 80-100 s of wall each.
+figures (summary.json's router_reaction). One live run at a time; 83-164 s of wall each in the
+last matrix (its `wall` column, bench/reports/real_routers.md).
 The matrix is the section `router_faults` of bench/reports/real_routers.md, with its provenance
 (`--out FILE` elsewhere; `--only`/`--faults` runs a part, which replaces the section).
 
