@@ -58,9 +58,12 @@ def load_text(load: tuple[float, ...]) -> str:
 
 def provenance(script: str, argv: list[str], load_before: tuple[float, ...], setup: str) -> str:
     """The header's lines (markdown list items); `setup`: the substrate, deployment, scale and
-    seeds the figures came from, as one sentence."""
+    seeds the figures came from, as one sentence. The tree counts as changed by what is not
+    committed outside bench/reports/: the reports are what the scripts write (a script writing
+    several sections changes its own report after the first), not what produced the figures."""
     dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+         ":(exclude)bench/reports"],
         capture_output=True, text=True, cwd=ROOT,
     ).stdout.strip()  # fmt: skip
     after = os.getloadavg()
