@@ -50,14 +50,9 @@ from testbed.scenario.schema import load_scenario
 from testbed.scenario.short import short_variant
 
 ROOT = Path(__file__).resolve().parent.parent
-HEADINGS = dict(
-    library="The library, as `make scenario` runs it",
-    short="The short versions, live (the chaos suite's runs)",
-    tests="The chaos suite and the sim leg",
-    scorecard="The scorecard's defaults and the agreement bench's sim leg",
-)
-"""Each section's heading in the report, by the name `--sections` takes."""
-SECTIONS = tuple(HEADINGS)
+SECTIONS = ("library", "short", "tests", "scorecard")
+"""The names `--sections` takes; NAME_section measures each, its docstring's first line the
+section's heading in the report."""
 TORCH_MISSING = "torch is not installed (the `model` extra)"
 
 
@@ -100,7 +95,9 @@ def throughput_line(out: Path) -> str:
 
 
 def library_section(log: Callable[[str], None]) -> str:
-    """Every library scenario live (`make scenario`) and on the sim, and paper's deployments."""
+    """The library, as `make scenario` runs it
+
+    Every library scenario live and on the sim, and paper on its three deployments."""
     torch_ok = has_torch()
     rows = ["| scenario | live: wall s | live: checkers | sim: CPU s | sim: wall s |",
             "|---|---|---|---|---|"]  # fmt: skip
@@ -148,7 +145,9 @@ def library_section(log: Callable[[str], None]) -> str:
 
 
 def short_section(log: Callable[[str], None]) -> str:
-    """Each library scenario's short version, live, timed by phase as the chaos suite runs it."""
+    """The short versions, live (the chaos suite's runs)
+
+    Each library scenario's short version, timed by phase as the chaos suite runs it."""
     from testbed.metrics.timeline import draw_run
     from testbed.scenario.runner import _Run, run_scenario
 
@@ -220,7 +219,9 @@ def junit_rows(xml: Path) -> tuple[list[str], int, float]:
 
 
 def tests_section(log: Callable[[str], None]) -> str:
-    """`make chaos` by file, and the sim leg with and without coverage."""
+    """The chaos suite and the sim leg
+
+    `make chaos` by file, and the sim leg with and without coverage."""
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "chaos.xml"
@@ -252,7 +253,9 @@ importable from examples/least-ttft without installing it."""
 
 
 def scorecard_section(log: Callable[[str], None]) -> str:
-    """`testbed scorecard`'s defaults for the example policy, and sim_vs_live's sim leg."""
+    """The scorecard's defaults and the agreement bench's sim leg
+
+    `testbed scorecard`'s defaults for the example policy, and sim_vs_live's sim leg."""
     env = {"PYTHONPATH": str(ROOT / "examples" / "least-ttft")}
     lines: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -302,7 +305,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.report is not None and not args.report.exists():
         args.report.write_text("# Durations: what the docs' guidance commands cost here\n")
     for name in args.sections:
-        heading, measure = HEADINGS[name], MEASURES[name]
+        measure = MEASURES[name]
+        heading = (measure.__doc__ or name).splitlines()[0]
         print(f"## {heading}", flush=True)
         load_before = os.getloadavg()
         text = measure(lambda line: print(line, flush=True))
