@@ -34,7 +34,6 @@ import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from provenance import TESTBED, markdown_section  # bench/: the script's directory is on sys.path
+from provenance import TESTBED, markdown_section, measured_child  # bench/ is on sys.path
 
 from testbed.scenario.library import library_scenarios
 from testbed.scenario.plan import Progress, RunOptions, prepare_run
@@ -66,23 +65,6 @@ def needs_torch(path: Path) -> bool:
     return any(d.engine == "torch" for d in load_scenario(path).deployments.values())
 
 
-def child(cmd: Sequence[str], env: dict[str, str] | None = None) -> tuple[int, float, float, str]:
-    """Run `cmd` in the checkout to its end: exit status, wall seconds, CPU seconds of the
-    child and its descendants (user + system), and its output (stdout and stderr)."""
-    before = os.times()
-    t0 = time.perf_counter()
-    done = subprocess.run(
-        list(cmd), cwd=ROOT, env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    wall = time.perf_counter() - t0
-    after = os.times()
-    cpu = (after.children_user - before.children_user) + (
-        after.children_system - before.children_system
-    )
-    return done.returncode, wall, cpu, done.stdout
-
-
 def status_text(code: int) -> str:
     """`testbed run`'s exit status in words (0: checkers passed; 1: a checker failed)."""
     return {0: "passed", 1: "a checker failed"}.get(code, f"error (exit {code})")
@@ -104,18 +86,18 @@ def library_section(log: Callable[[str], None]) -> str:
     lives: list[float] = []
     sims: list[float] = []
     for path in library_scenarios():
-        name = path.stem
-        if needs_torch(path) and not torch_ok:
+        name, torch = path.stem, needs_torch(path)
+        if torch and not torch_ok:
             rows.append(f"| {name} | - | {TORCH_MISSING} | - | - |")
             continue
         with tempfile.TemporaryDirectory() as tmp:
-            code, wall, _, _ = child([*TESTBED, "run", name, "--out", f"{tmp}/live"])
+            code, wall, _, _ = measured_child([*TESTBED, "run", name, "--out", f"{tmp}/live"])
             live = f"{wall:.1f} | {status_text(code)}"
             lives.append(wall)
-            if needs_torch(path):
+            if torch:
                 sim = "- | - (the sim runs no real model)"
             else:
-                scode, swall, scpu, _ = child(
+                scode, swall, scpu, _ = measured_child(
                     [*TESTBED, "run", name, "--substrate", "sim", "--out", f"{tmp}/sim"]
                 )
                 sim = f"{scpu:.1f} | {swall:.1f}" + (
@@ -137,55 +119,74 @@ def library_section(log: Callable[[str], None]) -> str:
     for policy in (None, "homogeneous", "naive"):
         with tempfile.TemporaryDirectory() as tmp:
             cmd = [*TESTBED, "run", "paper", "--out", tmp]
-            _, wall, _, _ = child([*cmd, "--policy", policy] if policy else cmd)
-            line = throughput_line(Path(tmp))
+            code, wall, _, out = measured_child([*cmd, "--policy", policy] if policy else cmd)
+            if (Path(tmp) / "summary.json").exists():
+                line = throughput_line(Path(tmp))
+            else:  # the run did not get to its results: say how it ended
+                line = f"{status_text(code)}: {(out.strip().splitlines() or [''])[-1]}"
         paper.append(f"| {policy or '(its own: prfaas)'} | {wall:.1f} | {line} |")
         log(paper[-1])
     return text + "\n".join(paper) + "\n"
+
+
+PHASES = ("running", "draining", "stopping", "results")
+"""The marks a short run is timed by, after its start: the first arrival, the last one due, the
+services' stop begun, the results phase (the services stopped)."""
+
+
+def timed_short_run(path: Path, draw: bool) -> tuple[list[float], float | None]:
+    """The short version of scenario `path`, live, as the chaos harness runs it: the times of
+    its start, its PHASES and its end (perf_counter), and with `draw` the CPU seconds of
+    drawing its timeline.png afterwards (the chaos suite skips it)."""
+    from testbed.metrics.timeline import draw_run
+    from testbed.scenario.runner import _Run, run_scenario
+
+    marks: dict[str, float] = {}
+
+    class TimedRun(_Run):
+        """The runner's run, the start of its services' stop marked."""
+
+        async def shutdown(self) -> None:
+            marks.setdefault("stopping", time.perf_counter())
+            await super().shutdown()
+
+    def mark(p: Progress) -> None:
+        marks.setdefault(p.phase, time.perf_counter())
+
+    sc = short_variant(load_scenario(path))
+    with tempfile.TemporaryDirectory() as tmp:
+        opts = RunOptions(out_dir=Path(tmp), progress=False, drain_timeout_s=60, timeline=False)
+        t0 = time.perf_counter()
+        result = asyncio.run(run_scenario(prepare_run(sc, opts), opts, mark, TimedRun))
+        end = time.perf_counter()
+        drawn = None
+        if draw:
+            c0 = time.process_time()
+            draw_run(Path(tmp), result.records, result.history, result.summary)
+            drawn = time.process_time() - c0
+    return [t0, *(marks[k] for k in PHASES), end], drawn
 
 
 def short_section(log: Callable[[str], None]) -> str:
     """The short versions, live (the chaos suite's runs)
 
     Each library scenario's short version, timed by phase as the chaos suite runs it."""
-    from testbed.metrics.timeline import draw_run
-    from testbed.scenario.runner import _Run, run_scenario
-
+    torch_ok = has_torch()
     rows = ["| scenario | start-up s | arrivals s | drain s | stop s | results s | total s |",
             "|---|---|---|---|---|---|---|"]  # fmt: skip
     totals: list[float] = []
     stops: list[float] = []
     drawn = ""
     for path in library_scenarios():
-        if needs_torch(path) and not has_torch():
+        if needs_torch(path) and not torch_ok:
             rows.append(f"| {path.stem} | {TORCH_MISSING} | | | | | |")
             continue
-        sc = short_variant(load_scenario(path))
-        marks: dict[str, float] = {}
-
-        def mark(p: Progress, marks: dict[str, float] = marks) -> None:
-            marks.setdefault(p.phase, time.perf_counter())
-
-        class TimedRun(_Run):
-            """The runner's run, its services' stop timed (the shutdown the run ends with)."""
-
-            async def shutdown(self, marks: dict[str, float] = marks) -> None:
-                marks.setdefault("stopping", time.perf_counter())
-                await super().shutdown()
-
-        with tempfile.TemporaryDirectory() as tmp:
-            opts = RunOptions(out_dir=Path(tmp), progress=False, drain_timeout_s=60, timeline=False)
-            t0 = time.perf_counter()
-            result = asyncio.run(run_scenario(prepare_run(sc, opts), opts, mark, TimedRun))
-            end = time.perf_counter()
-            if not drawn:  # timeline.png's cost, on the first run (the chaos suite skips it)
-                c0 = time.process_time()
-                draw_run(Path(tmp), result.records, result.history, result.summary)
-                drawn = f"{path.stem}: {time.process_time() - c0:.2f} CPU s"
-        at = [t0, *(marks[k] for k in ("running", "draining", "stopping", "results")), end]
+        at, draw_cpu = timed_short_run(path, draw=not drawn)
+        if draw_cpu is not None:
+            drawn = f"{path.stem}: {draw_cpu:.2f} CPU s"
         phases = " | ".join(f"{b - a:.1f}" for a, b in itertools.pairwise(at))
-        rows.append(f"| {path.stem} | {phases} | {end - t0:.1f} |")
-        totals.append(end - t0)
+        rows.append(f"| {path.stem} | {phases} | {at[-1] - at[0]:.1f} |")
+        totals.append(at[-1] - at[0])
         stops.append(at[4] - at[3])
         log(rows[-1])
     text = "\n".join(rows) + "\n"
@@ -225,7 +226,7 @@ def tests_section(log: Callable[[str], None]) -> str:
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "chaos.xml"
-        code, wall, _, out = child([*pytest, "-m", "chaos", f"--junitxml={xml}"])
+        code, wall, _, out = measured_child([*pytest, "-m", "chaos", f"--junitxml={xml}"])
         rows, count, seconds = junit_rows(xml)
     last = out.strip().splitlines()[-1] if out.strip() else ""
     text = (
@@ -236,8 +237,8 @@ def tests_section(log: Callable[[str], None]) -> str:
     log(text)
     start = len(text)
     leg = "tests/chaos/test_sim_leg.py"
-    _, plain_wall, plain_cpu, _ = child([*pytest, leg])
-    _, cov_wall, cov_cpu, _ = child([*pytest, leg, "--cov=testbed", "--cov-report="])
+    _, plain_wall, plain_cpu, _ = measured_child([*pytest, leg])
+    _, cov_wall, cov_cpu, _ = measured_child([*pytest, leg, "--cov=testbed", "--cov-report="])
     text += (
         f"\nThe sim leg alone (`pytest {leg}`): {plain_wall:.0f} s wall, {plain_cpu:.0f} CPU s; "
         f"with `--cov=testbed`: {cov_wall:.0f} s wall, {cov_cpu:.0f} CPU s "
@@ -261,7 +262,7 @@ def scorecard_section(log: Callable[[str], None]) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [*TESTBED, "scorecard", "--policy", EXAMPLE_POLICY, "--no-cache", "--quiet",
                "--out", tmp]  # fmt: skip
-        code, wall, cpu, out = child(cmd, env)
+        code, wall, cpu, out = measured_child(cmd, env)
     tail = [line for line in out.splitlines() if line.startswith(("overall", "..."))]
     lines.append(
         f"`testbed scorecard --policy {EXAMPLE_POLICY} --no-cache` (three seeds, both baselines, "
@@ -269,7 +270,9 @@ def scorecard_section(log: Callable[[str], None]) -> str:
         f"exit {code}; its last lines:\n\n```\n" + "\n".join(tail) + "\n```"
     )
     log(lines[-1])
-    code, wall, cpu, _ = child([sys.executable, "bench/sim_vs_live.py", "--all", "--sim-only"])
+    code, wall, cpu, _ = measured_child(
+        [sys.executable, "bench/sim_vs_live.py", "--all", "--sim-only"]
+    )
     lines.append(
         f"`python bench/sim_vs_live.py --all --sim-only` (six scenarios, three seeds, the sim): "
         f"{wall:.0f} s wall, {cpu:.0f} CPU s, exit {code}."

@@ -12,7 +12,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TextIO, TypeVar
 
@@ -190,13 +190,30 @@ TESTBED = [sys.executable, "-c", "from testbed.cli import main; raise SystemExit
 """`testbed` as the console script runs it, from this interpreter's environment."""
 
 
+def measured_child(
+    cmd: Sequence[str], env: dict[str, str] | None = None
+) -> tuple[int, float, float, str]:
+    """Run `cmd` in the checkout to its end (`env` added to this process's): its exit status,
+    wall seconds, CPU seconds of it and its descendants (user + system), and its output
+    (stdout, then stderr)."""
+    before = os.times()
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        list(cmd), cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True
+    )
+    wall = time.perf_counter() - t0
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (
+        after.children_system - before.children_system
+    )
+    return done.returncode, wall, cpu, done.stdout + done.stderr
+
+
 def timed_child(cmd: list[str]) -> float:
     """Wall seconds of `cmd` run to its end in the checkout; a failed command exits this
     script with its status and output, before any report is written."""
-    t0 = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if done.returncode != 0:
-        print(done.stdout + done.stderr, file=sys.stderr)
-        raise SystemExit(done.returncode)
+    code, wall, _, out = measured_child(cmd)
+    if code != 0:
+        print(out, file=sys.stderr)
+        raise SystemExit(code)
     return wall
