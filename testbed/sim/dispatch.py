@@ -312,8 +312,11 @@ class SimDispatcher:
         """The KV's last byte reaches the decode instance at `at`; the prefill's answer (its
         KV acknowledged) comes `ack_delay` later."""
         att.flow = None
-        self.loop.call_at(at, self._admit, att)
-        self.loop.call_at(at + ack_delay, self._acked, att)
+        if ack_delay > 0:
+            self.loop.call_at(at, self._admit, att)
+            self.loop.call_at(at + ack_delay, self._acked, att)
+        else:  # both due at once: one timer (the two would have run back to back)
+            self.loop.call_at(at, self._admit_acked, att)
 
     def _admit(self, att: Attempt) -> None:
         if att.over:
@@ -325,6 +328,10 @@ class SimDispatcher:
         rec.kv_verified = True
         att.slot = Slot(att.req.rec.output_tokens, lambda f, last: self._decoded(att, f, last))
         dec.admit(att.slot)
+
+    def _admit_acked(self, att: Attempt) -> None:
+        self._admit(att)
+        self._acked(att)
 
     def _acked(self, att: Attempt) -> None:
         """The prefill's call answers: its KV is acknowledged (the live router awaits this

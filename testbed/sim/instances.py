@@ -18,10 +18,11 @@ batch resumes where it was, later by the pause); restart brings it back empty.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from testbed.profiles import ModelProfile
 
@@ -136,22 +137,44 @@ class SimPrefill:
             self._next()
 
 
-@dataclass(eq=False)
 class Slot:
     """One request in (or waiting for) a decode batch."""
 
-    output_tokens: int
-    on_done: Callable[[float, float], None]
-    """(first token time, last token time) when the request has all its tokens."""
-    generated: int = 0
-    """Tokens generated up to the batch's last change (`SimDecode.t0`)."""
-    first_token: float | None = None
-    done: bool = False
-    tags: dict[str, object] = field(default_factory=dict)
+    __slots__ = ("_dec", "_fixed", "_start", "done", "first_token", "on_done", "output_tokens")
+
+    def __init__(self, output_tokens: int, on_done: Callable[[float, float], None]) -> None:
+        self.output_tokens = output_tokens
+        self.on_done = on_done
+        """(first token time, last token time) when the request has all its tokens."""
+        self.first_token: float | None = None
+        self.done = False
+        self._dec: SimDecode | None = None
+        """The decode whose batch holds it (None before it joins and after it leaves)."""
+        self._start = 0
+        """The batch's step count when it joined: it has generated `steps - _start` since."""
+        self._fixed = 0
+        """Tokens it had generated when it left the batch."""
+
+    @property
+    def generated(self) -> int:
+        """Tokens generated up to the batch's last change (`SimDecode.t0`)."""
+        dec = self._dec
+        return self._fixed if dec is None else dec.steps - self._start
+
+    def _leave(self) -> None:
+        dec = self._dec
+        if dec is not None:
+            self._fixed, self._dec = dec.steps - self._start, None
 
 
 class SimDecode:
-    """One decode instance: continuous batching, token progress computed between changes."""
+    """One decode instance: continuous batching, token progress computed between changes.
+
+    Every request in the batch gains one token per step, so the batch keeps one step count
+    (`steps`) and each slot the count when it joined: crediting k steps is one addition, not
+    one per slot, and the next completion is the top of a heap of (step it finishes at, order
+    it joined) rather than a scan of the batch (at 10,000 instances the per-slot loops were a
+    tenth of the simulation)."""
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, iid: str, step_time: Callable[[int], float],
@@ -161,8 +184,15 @@ class SimDecode:
         self.id = iid
         self.step_time = step_time
         self.bs_max = bs_max
-        self.active: list[Slot] = []
+        self.active: dict[Slot, None] = {}
+        """The batch, in the order its slots joined."""
         self.waiting: deque[Slot] = deque()
+        self._ends: list[tuple[int, int, Slot]] = []
+        """(step the slot finishes at, order it joined, slot) for the batch; entries of slots
+        that left are dropped when they surface."""
+        self._fresh: list[Slot] = []
+        """Slots that joined since the last step was credited: their first token is that step."""
+        self._joined = 0
         self.t0 = 0.0
         """Time of the batch's last change, a step boundary."""
         self.tau = 0.0
@@ -197,10 +227,18 @@ class SimDecode:
         elif slot in self.active and self.paused_at is None:
             now = self.loop.time()
             self.sync(now)
-            self.active.remove(slot)
+            del self.active[slot]
+            slot._leave()
             self._change(self.t0)
 
     # ------------------------------------------------------------------ the batch
+
+    def _left(self) -> int:
+        """Steps until the batch's next completion (the batch is not empty)."""
+        ends, active = self._ends, self.active
+        while ends[0][2] not in active:
+            heapq.heappop(ends)
+        return ends[0][0] - self.steps
 
     def sync(self, now: float) -> None:
         """Credit the steps completed since t0 (the batch was constant meanwhile)."""
@@ -210,34 +248,45 @@ class SimDecode:
         k = math.floor((now - self.t0) / self.tau + 1e-9)
         if k <= 0:
             return
-        left = min(s.output_tokens - s.generated for s in self.active)
-        k = min(k, left)
-        first = self.t0 + self.tau
-        for s in self.active:
-            if s.generated == 0:
-                s.first_token = first
-            s.generated += k
+        k = min(k, self._left())
+        if self._fresh:  # their first token ends the first step credited to them
+            first = self.t0 + self.tau
+            for s in self._fresh:
+                if s._dec is self:
+                    s.first_token = first
+            if k > 0:
+                self._fresh.clear()
         self.steps += k
         self.t0 += k * self.tau
 
     def _change(self, at: float) -> None:
         """At a step boundary: finish what is done, admit what waits, re-time the batch."""
-        for s in [s for s in self.active if s.generated >= s.output_tokens]:
-            self.active.remove(s)
+        ends, active, steps = self._ends, self.active, self.steps
+        while ends and ends[0][0] <= steps:
+            s = heapq.heappop(ends)[2]
+            if s not in active:
+                continue
+            del active[s]
+            s._leave()
             s.done = True
             self.operations += 1
             first = s.first_token if s.first_token is not None else at
             s.on_done(first, at)
-        while self.waiting and len(self.active) < self.bs_max:
-            self.active.append(self.waiting.popleft())
-        if not self.active:
+        waiting = self.waiting
+        while waiting and len(active) < self.bs_max:
+            s = waiting.popleft()
+            s._dec, s._start = self, steps
+            self._joined += 1
+            heapq.heappush(ends, (steps + s.output_tokens, self._joined, s))
+            active[s] = None
+            self._fresh.append(s)
+        if not active:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
             return
-        self.tau = self.step_time(len(self.active))
-        left = min(s.output_tokens - s.generated for s in self.active)
-        self._set_timer(self.t0 + left * self.tau, replace=True)
+        self.tau = self.step_time(len(active))
+        self._set_timer(self.t0 + self._left() * self.tau, replace=True)
 
     def _set_timer(self, when: float, replace: bool = False) -> None:
         if self._timer is not None:
@@ -257,11 +306,15 @@ class SimDecode:
     def kill(self) -> list[Slot]:
         if self.paused_at is None:
             self.sync(self.loop.time())  # tokens made before it died were streamed
-        lost = [s for s in self.active + list(self.waiting) if not s.done]
+        lost = [s for s in [*self.active, *self.waiting] if not s.done]
         if self._timer is not None:
             self._timer.cancel()
         self._timer = None
+        for s in self.active:
+            s._leave()
         self.active.clear()
+        self._ends.clear()
+        self._fresh.clear()
         self.waiting.clear()
         self.alive, self.paused_at = False, None
         for s in lost:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import gc
 import heapq
 import itertools
@@ -86,6 +87,32 @@ and over half are cancelled (asyncio.base_events' _MIN_SCHEDULED_TIMER_HANDLES a
 _MIN_CANCELLED_TIMER_HANDLES_FRACTION)."""
 
 
+class _Timer(asyncio.TimerHandle):
+    """A TimerHandle made in one call: the sim makes about seven per request, and
+    TimerHandle's constructor chain (with its debug-mode check) was a twentieth of the
+    simulation. Without debug mode's creation traceback: the virtual loop has no debug mode."""
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        when: float,
+        callback: Callable[..., object],
+        args: tuple[Any, ...],
+        loop: asyncio.AbstractEventLoop,
+        context: contextvars.Context | None,
+    ) -> None:
+        self._context = context if context is not None else contextvars.copy_context()
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._cancelled = False
+        self._repr = None
+        self._source_traceback = None
+        self._when = when
+        self._scheduled = True
+
+
 class VirtualLoop(asyncio.SelectorEventLoop):
     """An asyncio loop in virtual time (see the module docstring); time starts at 0."""
 
@@ -107,10 +134,10 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         self, when: float, callback: Callable[..., object], *args: Any, context: Any = None
     ) -> asyncio.TimerHandle:
         """BaseEventLoop.call_at with FIFO order among timers due at the same time."""
-        self._check_closed()  # type: ignore[attr-defined]
-        timer = asyncio.TimerHandle(when, callback, args, self, context)
+        if self._closed:  # type: ignore[attr-defined]
+            raise RuntimeError("Event loop is closed")
+        timer = _Timer(when, callback, args, self, context)
         heapq.heappush(self._scheduled, (when, next(self._seq), timer))
-        timer._scheduled = True  # type: ignore[attr-defined]
         return timer
 
     def advance_to_next_timer(self) -> None:
@@ -144,12 +171,13 @@ class VirtualLoop(asyncio.SelectorEventLoop):
                 self._timer_cancelled_count -= 1
                 heapq.heappop(scheduled)[2]._scheduled = False  # type: ignore[attr-defined]
         ready: collections.deque[asyncio.Handle] = self._ready  # type: ignore[attr-defined]
-        timeout = None
-        if ready or self._stopping:  # type: ignore[attr-defined]
-            timeout = 0.0
-        elif scheduled:
-            timeout = max(0.0, scheduled[0][0] - self._vt)
-        self._process_events(self._selector.select(timeout))  # type: ignore[attr-defined]
+        if not ready and not self._stopping:  # type: ignore[attr-defined]
+            # what select() would do (no fd is ever ready): move time to the next timer
+            if not scheduled:
+                raise SimulationStalled("nothing is ready and no timer is set")
+            when = scheduled[0][0]
+            if when > self._vt:
+                self._vt = when
         end_time = self._vt + self._clock_resolution
         pop = heapq.heappop
         while scheduled and scheduled[0][0] < end_time:
