@@ -19,11 +19,16 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["Journal", "atomic_path", "atomic_write", "write_jsonl_atomic"]
+__all__ = ["Journal", "atomic_path", "atomic_write", "jsonl_line", "write_jsonl_atomic"]
+
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+"""json.dumps(doc, separators=(",", ":")) with its encoder made once: dumps makes one per call
+when given separators, a tenth of encoding a record. The same bytes."""
 
 
-def _dumps(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, separators=(",", ":")) + "\n"
+def jsonl_line(doc: dict[str, Any]) -> str:
+    """One line of a JSON-lines results file: compact, as every such file is written."""
+    return _ENCODE(doc) + "\n"
 
 
 @contextlib.contextmanager
@@ -51,7 +56,7 @@ def atomic_write(path: Path, data: str | bytes) -> None:
 def write_jsonl_atomic(path: Path, docs: Iterable[dict[str, Any]]) -> None:
     with atomic_path(path) as tmp, tmp.open("w") as fh:
         for doc in docs:
-            fh.write(_dumps(doc))
+            fh.write(jsonl_line(doc))
 
 
 class Journal:
@@ -70,7 +75,7 @@ class Journal:
     def append(self, doc: dict[str, Any]) -> None:
         if self._fh is None:
             return  # closed: the final file is being written by someone else
-        self._fh.write(_dumps(doc))
+        self._fh.write(jsonl_line(doc))
         self._fh.flush()
         self.lines += 1
 

@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, overload
 
+from testbed.metrics.files import jsonl_line
 from testbed.metrics.records import RequestRecord
 from testbed.metrics.table import RecordTable
 
@@ -79,7 +80,7 @@ class RecordStream:
 
     def _write(self, rec: RequestRecord) -> None:
         assert self._fh is not None
-        self._fh.write(json.dumps(rec.to_json(), separators=(",", ":")) + "\n")
+        self._fh.write(jsonl_line(rec.to_json()))
         self.lines += 1
         if self._kept is not None:
             self._kept.append(rec)

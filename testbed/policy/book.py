@@ -34,9 +34,9 @@ from testbed.policy.base import (
 
 __all__ = ["BookEntry", "LoadBook"]
 
-_Entry = tuple[float, int, str, int, InstanceLoad]
-"""(outstanding work, outstanding, id, version of the change, the load): the version keeps two
-entries of one instance with equal loads from ever comparing their InstanceLoads."""
+_Entry = tuple[float, int, str, int]
+"""(outstanding work, outstanding, id, version of the change): an entry is live while its
+version is the instance's last change."""
 
 
 @dataclass
@@ -73,6 +73,10 @@ class LoadBook:
         self.version = 0
         self._seen_draining: frozenset[str] = frozenset()
         self._loads: dict[str, InstanceLoad] = {}
+        """Each instance's InstanceLoad as of its last change, made when first read: a change
+        costs no object (four changes an attempt; most loads are never read)."""
+        self._states: dict[str, InstanceState] = {}
+        """Each instance's state as of its last change."""
         self._changed: dict[str, int] = {}
         """Instance id -> version of its last change, in the order of those changes."""
         self._heaps: dict[tuple[str, str], list[_Entry]] = {}
@@ -125,29 +129,22 @@ class LoadBook:
         return "draining" if iid in self.draining else "ok"
 
     def _touch(self, iid: str) -> None:
-        e = self.entries[iid]
         self.version += 1
-        load = InstanceLoad(
-            iid,
-            e.cluster,
-            e.role,  # type: ignore[arg-type]
-            self.outstanding[iid],
-            self.work[iid],
-            self.wait[iid] if e.role == "prefill" else 0.0,
-            self._state(iid),
-            e.hardware,
-        )
-        self._loads[iid] = load
-        self._changed.pop(iid, None)
-        self._changed[iid] = self.version
-        if load.state == "ok":
+        self._loads.pop(iid, None)
+        state = self._states[iid] = self._state(iid)
+        changed = self._changed
+        changed.pop(iid, None)
+        changed[iid] = self.version
+        if state == "ok":
+            e = self.entries[iid]
             heap = self._heaps.setdefault((e.cluster, e.role), [])
-            heapq.heappush(heap, (load.outstanding_work, load.outstanding, iid, self.version, load))
+            heapq.heappush(heap, (self.work[iid], self.outstanding[iid], iid, self.version))
             if len(heap) > 2 * len(self.entries) + 64:
                 self._compact(heap)
 
     def _compact(self, heap: list[_Entry]) -> None:
-        live = [x for x in heap if self._loads.get(x[2]) is x[4]]
+        changed = self._changed
+        live = [x for x in heap if changed[x[2]] == x[3]]
         heap[:] = live
         heapq.heapify(heap)
 
@@ -162,7 +159,20 @@ class LoadBook:
     # ------------------------------------------------------------------ reads
 
     def load(self, iid: str) -> InstanceLoad:
-        return self._loads[iid]
+        load = self._loads.get(iid)
+        if load is None:
+            e = self.entries[iid]
+            load = self._loads[iid] = InstanceLoad(
+                iid,
+                e.cluster,
+                e.role,  # type: ignore[arg-type]
+                self.outstanding[iid],
+                self.work[iid],
+                self.wait[iid] if e.role == "prefill" else 0.0,
+                self._states[iid],
+                e.hardware,
+            )
+        return load
 
     def snapshot(
         self,
@@ -192,6 +202,7 @@ class LoadBook:
         """`Snapshot.least_loaded` in O(log n): the top of the (cluster, role) heap once stale
         entries are dropped; excluded instances are set aside and put back."""
         best: _Entry | None = None
+        changed = self._changed
         for c in (cluster,) if cluster is not None else ("prfaas", "local"):
             if c in exclude:
                 continue
@@ -201,7 +212,7 @@ class LoadBook:
             aside: list[_Entry] = []
             while heap:
                 top = heap[0]
-                if self._loads.get(top[2]) is not top[4]:
+                if changed[top[2]] != top[3]:
                     heapq.heappop(heap)  # stale: the instance changed since
                 elif top[2] in exclude:
                     aside.append(heapq.heappop(heap))
@@ -211,7 +222,7 @@ class LoadBook:
                     break
             for x in aside:
                 heapq.heappush(heap, x)
-        return best[4] if best is not None else None
+        return self.load(best[2]) if best is not None else None
 
     def changed_since(self, version: int, exclude: frozenset[str]) -> tuple[InstanceLoad, ...]:
         """Instances changed after `version`, oldest change first (walks only those)."""
@@ -220,7 +231,7 @@ class LoadBook:
             if self._changed[iid] <= version:
                 break
             if self._visible(iid, exclude):
-                out.append(self._loads[iid])
+                out.append(self.load(iid))
         out.reverse()
         return tuple(out)
 
@@ -240,7 +251,7 @@ class _Instances(Sequence[InstanceLoad]):
         if self._items is None:
             book, exclude = self._book, self._exclude
             self._items = tuple(
-                book._loads[iid] for iid in book.entries if book._visible(iid, exclude)
+                book.load(iid) for iid in book.entries if book._visible(iid, exclude)
             )
         return self._items
 
