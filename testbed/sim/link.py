@@ -218,9 +218,20 @@ class SimLink:
     def counters(self, sender: str) -> tuple[float, float]:
         """(`acked`, `in_queue`) of `sender`: the short-term loop polls all 416 PrfaaS senders
         a tick at 10K GPUs, a quarter idle; in fast mode an idle one's are its tally and 0."""
-        if self._fast and sender not in self._by_sender:
-            return self.acked_by.get(sender, 0.0), 0.0
-        return self.acked(sender), self.in_queue(sender)
+        if not self._fast:
+            return self.acked(sender), self.in_queue(sender)
+        acked = self.acked_by.get(sender, 0.0)
+        mine = self._by_sender.get(sender)
+        if not mine:
+            return acked, 0.0
+        now = self.loop.time()
+        moved: float = 0  # int 0, as sum() starts
+        queued: float = 0
+        for f in mine:  # both sums of `acked` and `in_queue` in one pass, in their order
+            sent = self._fast_sent(f, now)
+            moved += sent - f.sent
+            queued += f.produced(now) - sent
+        return acked + moved, max(queued, 0.0)
 
     def _of(self, sender: str) -> list[Flow]:
         return list(self._by_sender.get(sender, ()))
