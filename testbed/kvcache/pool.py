@@ -243,18 +243,26 @@ class HybridPrefixPool:
         # end, in order, at C speed; the rest one by one as before (the used bytes are summed
         # block by block, so the float total is the same).
         held = len(list(takewhile(blocks.__contains__, keys)))
-        deque(map(blocks.move_to_end, keys[:held]), maxlen=0)
-        for i in range(held, full):
-            key = keys[i]
-            if key in blocks:
-                blocks.move_to_end(key)
-                continue
-            blocks[key] = (
-                _Entry(self.block_bytes, block_payloads[i])
-                if block_payloads is not None
-                else self._bare_block  # no payload: one shared (immutable) entry
-            )
-            self._used += self.block_bytes
+        move = blocks.move_to_end
+        deque(map(move, keys[:held]), maxlen=0)
+        size, used = self.block_bytes, self._used
+        if block_payloads is None:  # no payload: one shared (immutable) entry
+            bare = self._bare_block
+            for key in keys[held:full]:
+                if key in blocks:
+                    move(key)
+                else:
+                    blocks[key] = bare
+                    used += size
+        else:
+            for i in range(held, full):
+                key = keys[i]
+                if key in blocks:
+                    move(key)
+                else:
+                    blocks[key] = _Entry(size, block_payloads[i])
+                    used += size
+        self._used = used
         if self.needs_state:
             last = keys[-1]
             if last in self._states:
@@ -269,18 +277,23 @@ class HybridPrefixPool:
         return self.match_blocks(chain, limit=full, touch=False)
 
     def _evict(self) -> None:
-        while self._used + self._transfer > self.capacity and (self._blocks or self._states):
+        used, transfer, capacity = self._used, self._transfer, self.capacity
+        if used + transfer <= capacity:
+            return
+        blocks, states = self._blocks, self._states
+        block_bytes, state_bytes = self.block_bytes, self.state_bytes
+        evicted = 0
+        while used + transfer > capacity and (blocks or states):
             # The least recently used of the two kinds goes first; blocks are evicted from the
             # tail end of the LRU order, states likewise.
-            if self._states and (
-                not self._blocks
-                or len(self._states) * self.state_bytes >= len(self._blocks) * self.block_bytes
-            ):
-                _, entry = self._states.popitem(last=False)
+            if states and (not blocks or len(states) * state_bytes >= len(blocks) * block_bytes):
+                _, entry = states.popitem(last=False)
             else:
-                _, entry = self._blocks.popitem(last=False)
-            self._used -= entry.size
-            self.evictions += 1
+                _, entry = blocks.popitem(last=False)
+            used -= entry.size
+            evicted += 1
+        self._used = used
+        self.evictions += evicted
 
     # ------------------------------------------------------------------ transfer cache
 
