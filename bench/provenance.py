@@ -51,6 +51,19 @@ def commit(cwd: Path = ROOT) -> str:
     ).stdout.strip()
 
 
+def changed(cwd: Path | None = None) -> bool:
+    """Whether the checkout has uncommitted changes outside bench/reports/: the reports are what
+    the scripts write (a script writing several sections changes its own report after the
+    first), not what produced the figures."""
+    return bool(
+        subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+             ":(exclude)bench/reports"],
+            capture_output=True, text=True, cwd=cwd if cwd is not None else ROOT,
+        ).stdout.strip()
+    )  # fmt: skip
+
+
 def load_text(load: tuple[float, ...]) -> str:
     """A load average (os.getloadavg()) as the header writes it: `1.02/0.87/0.66`."""
     return "/".join(f"{x:.2f}" for x in load)
@@ -58,14 +71,9 @@ def load_text(load: tuple[float, ...]) -> str:
 
 def provenance(script: str, argv: list[str], load_before: tuple[float, ...], setup: str) -> str:
     """The header's lines (markdown list items); `setup`: the substrate, deployment, scale and
-    seeds the figures came from, as one sentence. The tree counts as changed by what is not
-    committed outside bench/reports/: the reports are what the scripts write (a script writing
-    several sections changes its own report after the first), not what produced the figures."""
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-         ":(exclude)bench/reports"],
-        capture_output=True, text=True, cwd=ROOT,
-    ).stdout.strip()  # fmt: skip
+    seeds the figures came from, as one sentence. The tree counts as changed as `changed`
+    says."""
+    dirty = changed()
     after = os.getloadavg()
     return (
         f"- command: `python {shlex.join([script, *argv])}`\n"  # as a shell takes it

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from provenance import provenance  # bench/provenance.py: the script's directory on sys.path
+from provenance import changed, commit, provenance  # bench/ is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -138,13 +138,9 @@ def one_run(src: Path, argv: list[str], cpu: int | None, tmp: Path) -> dict[str,
     }
 
 
-def git(*cmd: str, cwd: Path = ROOT) -> str:
-    return subprocess.run(["git", *cmd], capture_output=True, text=True, cwd=cwd).stdout.strip()
-
-
 def label(src: Path) -> str:
-    dirty = git("status", "--porcelain", "--untracked-files=no", cwd=src)
-    return f"{git('rev-parse', '--short', 'HEAD', cwd=src)}{'+dirty' if dirty else ''}"
+    """A checkout's short commit, `+dirty` if it has changes the provenance header counts."""
+    return f"{commit(src)}{'+dirty' if changed(src) else ''}"
 
 
 def profile(args: argparse.Namespace, trace: Path | None, policy: str | None) -> None:
