@@ -247,7 +247,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--no-timeline",
         action="store_true",
-        help="do not draw timeline.png (about 1 CPU s; a sim run's largest fixed cost): "
+        help="do not draw timeline.png (about 0.7 CPU s; a sim run's largest fixed cost): "
         "`testbed timeline DIR` draws it from the results later",
     )
     add_percentiles(p)

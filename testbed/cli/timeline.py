@@ -1,7 +1,7 @@
 """`testbed timeline RUN_DIR`: draw a finished run's timeline.png from its result files.
 
 A run draws its timeline unless told not to (`testbed run --no-timeline`: matplotlib costs
-about 1 CPU s, a sim run's largest fixed cost); this draws the same picture afterwards from
+about 0.7 CPU s, a sim run's largest fixed cost); this draws the same picture afterwards from
 requests.jsonl, history.jsonl and summary.json (testbed.metrics.timeline.draw_run) and embeds it
 in report.md. Also for a run whose picture was lost or that predates a drawing change.
 """

@@ -70,8 +70,9 @@ class RunOptions:
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
     """Latency percentiles in summary.json besides p50/p90/p99 (`--percentiles`)."""
     timeline: bool = True
-    """Draw timeline.png (matplotlib: about 1 s of CPU per run). The test suite's scenario runs
-    turn it off (tests/chaos/harness.py); every other result file is written the same."""
+    """Draw timeline.png (matplotlib: about 0.7 CPU s per run, bench/reports/durations.md). The
+    test suite's scenario runs turn it off (tests/chaos/harness.py); every other result file
+    is written the same."""
     started_at: float = field(default_factory=time.time)
     """When the run was asked for (Unix time), for the summary's metadata."""
 
