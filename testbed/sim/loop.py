@@ -88,7 +88,7 @@ _MIN_CANCELLED_TIMER_HANDLES_FRACTION)."""
 
 
 class _Timer(asyncio.TimerHandle):
-    """A TimerHandle made in one call: the sim makes about seven per request, and
+    """A TimerHandle made in one call: the sim makes six or seven per request, and
     TimerHandle's constructor chain (with its debug-mode check) was a twentieth of the
     simulation. Without debug mode's creation traceback: the virtual loop has no debug mode."""
 
@@ -150,9 +150,10 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
     def _run_once(self) -> None:
         """BaseEventLoop._run_once (CPython 3.11-3.13) over the heap of `_Entry` tuples: drop
-        cancelled timers, let the selector move virtual time to the next one when nothing is
-        ready, make the timers now due ready, run what was ready. Without its debug mode's
-        slow-callback warning: a callback takes no virtual time."""
+        cancelled timers, move virtual time to the next one when nothing is ready (what the
+        selector's `select` does: no fd is ever ready, so the loop does not ask it), make the
+        timers now due ready, run what was ready. Without its debug mode's slow-callback
+        warning: a callback takes no virtual time."""
         scheduled: list[_Entry] = self._scheduled  # type: ignore[has-type]
         n = len(scheduled)
         cancelled = self._timer_cancelled_count  # type: ignore[has-type]
