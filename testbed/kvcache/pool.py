@@ -245,23 +245,14 @@ class HybridPrefixPool:
         held = len(list(takewhile(blocks.__contains__, keys)))
         move = blocks.move_to_end
         deque(map(move, keys[:held]), maxlen=0)
-        size, used = self.block_bytes, self._used
-        if block_payloads is None:  # no payload: one shared (immutable) entry
-            bare = self._bare_block
-            for key in keys[held:full]:
-                if key in blocks:
-                    move(key)
-                else:
-                    blocks[key] = bare
-                    used += size
-        else:
-            for i in range(held, full):
-                key = keys[i]
-                if key in blocks:
-                    move(key)
-                else:
-                    blocks[key] = _Entry(size, block_payloads[i])
-                    used += size
+        size, used, bare = self.block_bytes, self._used, self._bare_block
+        for i in range(held, full):
+            key = keys[i]
+            if key in blocks:
+                move(key)
+            else:  # no payload: one shared (immutable) entry
+                blocks[key] = bare if block_payloads is None else _Entry(size, block_payloads[i])
+                used += size
         self._used = used
         if self.needs_state:
             last = keys[-1]

@@ -40,12 +40,12 @@ class SimulationStalled(RuntimeError):
 
 
 class _VirtualSelector(selectors.BaseSelector):
-    """Accepts registrations (the loop's self-pipe) and never reports an fd ready; a wait of
-    `timeout` seconds moves the loop's virtual time to its next timer instead of sleeping."""
+    """Accepts registrations (the loop's self-pipe) and never reports an fd ready. The loop
+    never waits on it: when nothing is ready it moves its own virtual time
+    (`VirtualLoop.advance_to_next_timer`)."""
 
     def __init__(self) -> None:
         self._map: dict[int, selectors.SelectorKey] = {}
-        self.loop: VirtualLoop | None = None
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
@@ -58,13 +58,6 @@ class _VirtualSelector(selectors.BaseSelector):
         return self._map.pop(fd)
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        if timeout is not None and timeout <= 0:
-            return []
-        loop = self.loop
-        assert loop is not None
-        if timeout is None:
-            raise SimulationStalled("nothing is ready and no timer is set")
-        loop.advance_to_next_timer()
         return []
 
     def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
@@ -121,7 +114,6 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         self._vt = 0.0
         self._seq = itertools.count()
         super().__init__(selector)
-        selector.loop = self
         self._clock_resolution = 1e-6
         """Timers within a virtual microsecond run together (the loop pops every timer due
         before now + resolution, and the resolution must exceed the float spacing at any
@@ -141,19 +133,21 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         return timer
 
     def advance_to_next_timer(self) -> None:
-        """Jump to the earliest timer (the loop pops cancelled ones off the head first)."""
+        """Nothing is ready: jump to the earliest timer (the loop pops cancelled ones off the
+        head first), or stop the run if there is none (nothing else can ever wake it)."""
         scheduled: list[_Entry] = self._scheduled
-        if scheduled:
-            when = scheduled[0][0]
-            if when > self._vt:
-                self._vt = when
+        if not scheduled:
+            raise SimulationStalled("nothing is ready and no timer is set")
+        when = scheduled[0][0]
+        if when > self._vt:
+            self._vt = when
 
     def _run_once(self) -> None:
         """BaseEventLoop._run_once (CPython 3.11-3.13) over the heap of `_Entry` tuples: drop
-        cancelled timers, move virtual time to the next one when nothing is ready (what the
-        selector's `select` does: no fd is ever ready, so the loop does not ask it), make the
-        timers now due ready, run what was ready. Without its debug mode's slow-callback
-        warning: a callback takes no virtual time."""
+        cancelled timers, move virtual time to the next one when nothing is ready (instead of
+        waiting on the selector: no fd is ever ready), make the timers now due ready, run what
+        was ready. Without its debug mode's slow-callback warning: a callback takes no virtual
+        time."""
         scheduled: list[_Entry] = self._scheduled  # type: ignore[has-type]
         n = len(scheduled)
         cancelled = self._timer_cancelled_count  # type: ignore[has-type]
@@ -173,12 +167,7 @@ class VirtualLoop(asyncio.SelectorEventLoop):
                 heapq.heappop(scheduled)[2]._scheduled = False  # type: ignore[attr-defined]
         ready: collections.deque[asyncio.Handle] = self._ready  # type: ignore[attr-defined]
         if not ready and not self._stopping:  # type: ignore[attr-defined]
-            # what select() would do (no fd is ever ready): move time to the next timer
-            if not scheduled:
-                raise SimulationStalled("nothing is ready and no timer is set")
-            when = scheduled[0][0]
-            if when > self._vt:
-                self._vt = when
+            self.advance_to_next_timer()
         end_time = self._vt + self._clock_resolution
         pop = heapq.heappop
         while scheduled and scheduled[0][0] < end_time:

@@ -69,6 +69,35 @@ def test_decode_admits_at_most_bs_max_and_queues_the_rest() -> None:
     assert done[2][0] == pytest.approx(4 * step(2) + step(1))  # it waited for a slot
 
 
+def test_decode_ends_equal_requests_in_join_order_and_a_late_joiner_at_its_own_steps() -> None:
+    """Requests that finish at the same step end in the order they joined; one that joins
+    mid-batch has its first token one step after the boundary it joined at and its last after
+    its own count of steps, at the step times of the batch it was in."""
+
+    async def main() -> list[tuple[str, float, float]]:
+        loop = asyncio.get_running_loop()
+        dec = SimDecode(loop, "d", step, bs_max=8)
+        done: list[tuple[str, float, float]] = []
+
+        def slot(name: str, tokens: int) -> Slot:
+            return Slot(tokens, lambda f, last: done.append((name, f, last)))
+
+        dec.admit(slot("a", 5))
+        dec.admit(slot("b", 5))
+        await asyncio.sleep(2 * step(2) + 1e-4)  # mid third step: c joins at its end
+        dec.admit(slot("c", 3))
+        await asyncio.sleep(1)
+        return done
+
+    done = run_virtual(main())
+    joined = 3 * step(2)
+    ab_end = joined + 2 * step(3)
+    assert [name for name, _, _ in done] == ["a", "b", "c"]
+    assert done[0][1:] == pytest.approx((step(2), ab_end))
+    assert done[1][1:] == pytest.approx((step(2), ab_end))
+    assert done[2][1:] == pytest.approx((joined + step(3), ab_end + step(1)))
+
+
 def test_decode_counts_tokens_through_cancel_pause_and_kill() -> None:
     """A request's tokens are the batch's steps since it joined: read mid-batch, after a
     cancel (the rest re-timed at once), across a pause, and frozen by a kill."""
