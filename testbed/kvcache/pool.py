@@ -265,6 +265,10 @@ class HybridPrefixPool:
         self._evict()
         if self.evictions == evictions:  # every block and the state just put in are there
             return full
+        # The prompt's blocks are now the newest `full` entries, oldest first, and eviction
+        # takes the oldest: if its first block and its state survived, all of it did.
+        if keys[0] in blocks and (not self.needs_state or keys[-1] in self._states):
+            return full
         return self.match_blocks(chain, limit=full, touch=False)
 
     def _evict(self) -> None:
@@ -273,14 +277,17 @@ class HybridPrefixPool:
             return
         blocks, states = self._blocks, self._states
         block_bytes, state_bytes = self.block_bytes, self.state_bytes
+        n_blocks, n_states = len(blocks), len(states)  # kept here, not asked at every pop
         evicted = 0
-        while used + transfer > capacity and (blocks or states):
+        while used + transfer > capacity and (n_blocks or n_states):
             # The least recently used of the two kinds goes first; blocks are evicted from the
             # tail end of the LRU order, states likewise.
-            if states and (not blocks or len(states) * state_bytes >= len(blocks) * block_bytes):
+            if n_states and (not n_blocks or n_states * state_bytes >= n_blocks * block_bytes):
                 _, entry = states.popitem(last=False)
+                n_states -= 1
             else:
                 _, entry = blocks.popitem(last=False)
+                n_blocks -= 1
             used -= entry.size
             evicted += 1
         self._used = used

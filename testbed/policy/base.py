@@ -116,7 +116,15 @@ class CostModel:
     """(input tokens, real-world bytes) of S_kv."""
     kv_state_bytes: float = 0.0
     """The fixed part of S_kv (linear-attention states): S_kv never goes below it."""
-    _curves: dict[str, Curve] = field(default_factory=dict, repr=False, compare=False)
+    _prefill: dict[str, Curve] = field(init=False, repr=False, compare=False)
+    _kv: Curve = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # made once, with the model: `prefill_s` and `kv_bytes` run a few times per decision
+        # and per dispatch (object.__setattr__: the dataclass is frozen)
+        prefill = {c: Curve(*k) for c, k in self.prefill_knots.items()}
+        object.__setattr__(self, "_prefill", prefill)
+        object.__setattr__(self, "_kv", Curve(*self.kv_knots))
 
     @classmethod
     def of(cls, model: ModelProfile, hardware: Mapping[str, str]) -> CostModel:
@@ -125,23 +133,19 @@ class CostModel:
         kv = model.kv_bytes_curve
         return cls(knots, (kv.xs, kv.ys), model.state_bytes)
 
-    def _curve(self, key: str, knots: Knots) -> Curve:
-        curve = self._curves.get(key)
-        if curve is None:
-            curve = self._curves[key] = Curve(*knots)
-        return curve
-
     def prefill_s(self, cluster: str, tokens: float) -> float:
         """T_prefill of `tokens` uncached tokens on `cluster`'s hardware (KeyError if none)."""
         if tokens <= 0:
             return 0.0
-        return max(self._curve(cluster, self.prefill_knots[cluster])(tokens), 0.0)
+        y = self._prefill[cluster](tokens)
+        return y if y >= 0.0 else 0.0  # max(y, 0.0) without the call: the same float
 
     def kv_bytes(self, tokens: float) -> float:
         """S_kv of `tokens` input tokens."""
         if tokens <= 0:
             return 0.0
-        return max(self._curve("", self.kv_knots)(tokens), self.kv_state_bytes)
+        y, floor = self._kv(tokens), self.kv_state_bytes
+        return floor if floor > y else y  # max(y, floor) without the call: the same float
 
 
 class LoadIndex(Protocol):
