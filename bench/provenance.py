@@ -1,12 +1,14 @@
-"""The provenance header a bench report starts with: command, commit, date, machine (cores, load
-average before and after), substrate and seeds (issue #37: no figure without where it came
-from). One function for every script that writes one, so the headers read alike."""
+"""The provenance header a bench report starts with: command, commit, date, machine (cores, the
+processor's model, load average before and after), substrate and seeds (issue #37: no figure
+without where it came from). One function for every script that writes one, so the headers
+read alike."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import os
+import platform
 import shlex
 import statistics
 import subprocess
@@ -69,6 +71,18 @@ def load_text(load: tuple[float, ...]) -> str:
     return "/".join(f"{x:.2f}" for x in load)
 
 
+def cpu_model() -> str:
+    """The processor's model name as the kernel reports it (CPU seconds differ between hosts
+    of the same core count: a report says which one it ran on), or the platform's guess."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown processor"
+
+
 def provenance(script: str, argv: list[str], load_before: tuple[float, ...], setup: str) -> str:
     """The header's lines (markdown list items); `setup`: the substrate, deployment, scale and
     seeds the figures came from, as one sentence. The tree counts as changed as `changed`
@@ -79,8 +93,8 @@ def provenance(script: str, argv: list[str], load_before: tuple[float, ...], set
         f"- command: `python {shlex.join([script, *argv])}`\n"  # as a shell takes it
         f"- commit: {commit()}{' (with uncommitted changes in the tree)' if dirty else ''}\n"
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
-        f"- machine: {os.cpu_count()} cores; load average before {load_text(load_before)}, after "
-        f"{load_text(after)} (1/5/15 min)\n"
+        f"- machine: {os.cpu_count()} cores ({cpu_model()}); load average before "
+        f"{load_text(load_before)}, after {load_text(after)} (1/5/15 min)\n"
         f"- substrate: {setup}\n"
     )
 
