@@ -15,7 +15,7 @@ installed `testbed` does, whatever the caller's PYTHONDONTWRITEBYTECODE says.
         --set workload.arrivals.load=null \\
         --policy prfaas-static --policy prfaas --policy prfaas-predict --repeat 5 \\
         [--times 10] [--src /tmp/before] [--report bench/reports/sim_speed.md [--append]]
-        [--no-timeline]
+        [--no-timeline] [--title "what changed"]
 
 `--times N` replays the trace N times end to end (hash ids offset per copy, so each copy meets
 the prefix cache as the first did; the duration is multiplied by N). `--src DIR` (repeatable)
@@ -171,6 +171,10 @@ def main() -> int:
     ap.add_argument("--src", type=Path, action="append", help="another checkout to run too")
     ap.add_argument("--report", type=Path, help="write the figures as markdown here")
     ap.add_argument("--append", action="store_true", help="add a section to --report")
+    ap.add_argument(
+        "--title", help="what the section measures, after its heading's run (': TITLE'): "
+        "sections of the same run then keep apart (and so do their links)"
+    )  # fmt: skip
     ap.add_argument("--profile", action="store_true")
     ap.add_argument(
         "--no-timeline", action="store_true", help="runs without timeline.png (testbed timeline)"
@@ -211,7 +215,9 @@ def main() -> int:
                 else ""
             )
             section = (
-                f"## {what}, {args.duration * args.times:g} s\n\n"
+                f"## {what}, {args.duration * args.times:g} s"
+                + (f": {args.title}" if args.title else "")
+                + "\n\n"
                 + head
                 + "\n"
                 + table
