@@ -48,6 +48,32 @@ def test_lru_eviction_respects_capacity_and_transfer_reservations() -> None:
     assert pool.stats().transfer_bytes == 0
 
 
+def test_insert_says_how_much_of_the_prompt_survived_its_own_eviction() -> None:
+    # room for 4 blocks + a state (140 bytes) and a little more: the second prompt evicts
+    # the first, and survives whole
+    pool = hybrid(capacity=250)
+    assert pool.insert([1, 2, 3, 4], 4 * BLOCK_TOKENS) == 4
+    assert pool.insert([5, 6, 7, 8], 4 * BLOCK_TOKENS) == 4
+    assert pool.stats().evictions > 0
+    # a prompt whose blocks and state do not fit together: its state goes (the larger kind),
+    # so none of it is reusable
+    big = hybrid(capacity=120)
+    assert big.insert([1, 2, 3, 4, 5, 6], 6 * BLOCK_TOKENS) == 0
+    assert big.match([1, 2, 3, 4, 5, 6, 7], 7 * BLOCK_TOKENS) == 0
+    # a dense model keeps the blocks that fit, oldest gone first: nothing of the prefix
+    dense = HybridPrefixPool(35, block_bytes=10, state_bytes=0)
+    assert dense.insert([1, 2, 3, 4, 5], 5 * BLOCK_TOKENS) == 0
+    # a prompt whose prefix is cached but older than another's: touched, it becomes the
+    # newest, so the eviction its new block causes takes the other prompt's
+    warm = HybridPrefixPool(45, block_bytes=10, state_bytes=0)
+    warm.insert([1, 2], 2 * BLOCK_TOKENS)
+    warm.insert([7, 8], 2 * BLOCK_TOKENS)
+    assert warm.insert([1, 2, 3], 3 * BLOCK_TOKENS) == 3
+    assert warm.stats().evictions == 1
+    assert warm.match([1, 2, 3, 4], 4 * BLOCK_TOKENS) == 3 * BLOCK_TOKENS
+    assert warm.match([7, 8, 9], 3 * BLOCK_TOKENS) == 0
+
+
 def test_payloads_round_trip() -> None:
     pool = hybrid()
     pool.insert([1, 2], 2 * BLOCK_TOKENS, block_payloads=["b1", "b2"], state_payload="s2")
