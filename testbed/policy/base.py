@@ -137,15 +137,13 @@ class CostModel:
         """T_prefill of `tokens` uncached tokens on `cluster`'s hardware (KeyError if none)."""
         if tokens <= 0:
             return 0.0
-        y = self._prefill[cluster](tokens)
-        return y if y >= 0.0 else 0.0  # max(y, 0.0) without the call: the same float
+        return max(self._prefill[cluster](tokens), 0.0)
 
     def kv_bytes(self, tokens: float) -> float:
         """S_kv of `tokens` input tokens."""
         if tokens <= 0:
             return 0.0
-        y, floor = self._kv(tokens), self.kv_state_bytes
-        return floor if floor > y else y  # max(y, floor) without the call: the same float
+        return max(self._kv(tokens), self.kv_state_bytes)
 
 
 class LoadIndex(Protocol):

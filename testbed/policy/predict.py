@@ -164,8 +164,8 @@ def predict(
     bw = link_rate(link, config, floor_bps)
     rtt = link.rtt_s or 0.0
     ahead = link.in_flight_bytes or 0.0
-    if config.count_queued_kv and pending_kv > ahead:
-        ahead = pending_kv
+    if config.count_queued_kv:
+        ahead = max(ahead, pending_kv)
     # Counted whole although the link shares its rate among transfers (a short KV passes a long
     # one): a transfer also slows every other one by its own size, so charging the backlog to
     # each newcomer keeps short prompts off a narrow link (tried: charging at most n x its own
@@ -177,7 +177,7 @@ def predict(
     pull = 0
     if local is not None:
         own = costs.prefill_s("local", tokens - cached_local)
-        t_local, busy_local = local.queue_wait_s + own, own / (n_local if n_local > 1 else 1)
+        t_local, busy_local = local.queue_wait_s + own, own / max(n_local, 1)
         extra = cached_prfaas - cached_local
         if config.pull_prefixes and extra > 0 and bw is not None and not link.scarce:
             # the paper's cache-aware rule on an abundant link, as a third option: pull the
@@ -194,14 +194,12 @@ def predict(
         kv = costs.kv_bytes(tokens - cached_local)
         # KV leaves layer by layer during the prefill: the link part only adds where it
         # outlasts the prefill
-        on_link = (ahead + kv) / bw
-        t_prfaas = (on_link if on_link > prefill_done else prefill_done) + rtt
+        t_prfaas = max(prefill_done, (ahead + kv) / bw) + rtt
         # what the KV costs the requests after it: a narrowed link's backlog clears at the
         # nominal rate once the link heals, while a PD-P queue at capacity never clears
         # (docs/scheduler.md, "Triage")
         busy_bw = nominal_bps if config.busy_rate == "nominal" and nominal_bps > 0 else bw
-        share, kv_s = compute / (n_prfaas if n_prfaas > 1 else 1), kv / busy_bw
-        busy_prfaas = kv_s if kv_s > share else share
+        busy_prfaas = max(compute / max(n_prfaas, 1), kv / busy_bw)
     return Prediction(t_local, t_prfaas, busy_local, busy_prfaas, pull)
 
 
@@ -252,10 +250,12 @@ class PrfaasPredict:
 
     def _recount(self, snapshot: Snapshot, costs: CostModel) -> None:
         """KV bytes outstanding on PrfaaS (`predict`'s `pending_kv`) and the prefill instances
-        per cluster, brought up to date from the instances that changed since
-        (`Snapshot.changed_since`: the load book walks only those, so a decision never scans
-        the deployment); `decide` calls it at most every `recount_s` of snapshot time, and
-        adds the KV this policy sends to PrfaaS in between as it goes."""
+        per cluster, brought up to date at most every `recount_s` of snapshot time from the
+        instances that changed since (`Snapshot.changed_since`: the load book walks only those,
+        so a decision never scans the deployment); the KV this policy sends to PrfaaS in
+        between is added as it goes."""
+        if self._count_at <= snapshot.now < self._count_at + self.knobs.recount_s:
+            return
         self._count_at = snapshot.now
         if snapshot.version <= 0 or snapshot.version < self._version:
             # a hand-made snapshot (it lists every instance) or another book: start over
@@ -293,21 +293,16 @@ class PrfaasPredict:
             costs is None
             or link is None
             or link.bandwidth_bps is None
-            or local is None
-            or prfaas is None
-            or local.state != "ok"
-            or prfaas.state != "ok"
-            or decode.state != "ok"
+            or (local is not None and not _ok(local))
+            or (prfaas is not None and not _ok(prfaas))
+            or not _ok(decode)
         )
-        if stale:
+        if stale or local is None or prfaas is None:
             self.guarded += 1
             return self._guard(request, local, prfaas, decode, t)
         assert costs is not None and link is not None and link.bandwidth_bps is not None
-        assert local is not None and prfaas is not None
-        if link.bandwidth_bps > self._peak_bps:
-            self._peak_bps = link.bandwidth_bps
-        if not self._count_at <= snapshot.now < self._count_at + self.knobs.recount_s:
-            self._recount(snapshot, costs)
+        self._peak_bps = max(self._peak_bps, link.bandwidth_bps)
+        self._recount(snapshot, costs)
         pending = self._pending_kv if self.knobs.count_queued_kv else 0.0
         floor = self.knobs.min_bandwidth_share * self._peak_bps
         n = self._n
