@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from testbed.metrics.files import write_jsonl_atomic
+import pytest
+
+from testbed.metrics.files import jsonl_line, write_jsonl_atomic
 from testbed.metrics.history import RunHistory, events
 from testbed.metrics.records import HistoryEvent, RequestRecord
 from testbed.metrics.stream import RecordFile, RecordStream
@@ -85,3 +88,18 @@ def test_run_history_iterates_as_the_stable_sort_by_time() -> None:
     assert not h2.loose_queue
     assert queue_depth_series(h2) == queue_depth_series(want[:-1])
     assert queue_depth_series(h2)["local/prefill"] == ([1.0, 2.0], [4, 1])
+
+
+def test_a_results_line_is_what_json_dumps_gives_compact() -> None:
+    """jsonl_line reuses _json's C encoder; its bytes must stay json.dumps's, for every kind of
+    value a record or a history event carries (requests.jsonl is compared byte for byte)."""
+    docs = [
+        {"id": "r1", "t": 0.1 + 0.2, "tiny": 5e-05, "big": 1e16, "n": -3, "ok": True, "x": None},
+        {"s": 'é "quoted"\n\t', "nested": {"a": [1, 2.5, None, {"b": False}]}, "e": []},
+        {"nan": float("nan"), "inf": float("inf"), "neg": -float("inf")},
+        {},
+    ]
+    for doc in docs:
+        assert jsonl_line(doc) == json.dumps(doc, separators=(",", ":")) + "\n"
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        jsonl_line({"x": object()})
