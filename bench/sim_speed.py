@@ -22,6 +22,13 @@ the prefix cache as the first did; the duration is multiplied by N). `--src DIR`
 also runs the code of another checkout of the project (on PYTHONPATH), interleaved with this
 one run by run, so a before/after comparison sees the same load. `--profile` then profiles the
 simulation of the first policy in this process and prints where its time goes.
+
+`--instructions` also counts the instructions each whole command executes, under valgrind's
+callgrind (about 30x slower, so use `--repeat 1`): CPU seconds on a shared host vary by a
+quarter between runs of the same code, while two counts of the same code differ by about 0.1%,
+loaded host or quiet, so a small change shows in the count where the seconds hide it. The child
+runs with PYTHONHASHSEED=0 (string hashing otherwise moves the count run to run); its CPU
+seconds are then valgrind's, not the code's.
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -111,31 +120,49 @@ def compile_package(src: Path) -> None:
                    env=child_env(src), check=True, stdout=subprocess.DEVNULL)  # fmt: skip
 
 
-def one_run(src: Path, argv: list[str], cpu: int | None, tmp: Path) -> dict[str, float]:
+COLLECTED = re.compile(r"^==\d+== Collected : (\d+)$", re.MULTILINE)
+"""callgrind's last line on stderr: the instructions it counted."""
+
+
+def one_run(
+    src: Path, argv: list[str], cpu: int | None, tmp: Path, instructions: bool = False
+) -> dict[str, float]:
     spec = tmp / "spec.json"
     result = tmp / "result.json"
     spec.write_text(json.dumps({"argv": [*argv, "--out", str(tmp / "out")], "result": str(result)}))
     env = child_env(src)
+    valgrind: list[str] = []
+    if instructions:
+        env["PYTHONHASHSEED"] = "0"
+        valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp / 'callgrind'}"]
 
     def pin() -> None:
         if cpu is not None:
             os.sched_setaffinity(0, {cpu})
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(
-        [sys.executable, str(ROOT / "bench/sim_speed.py"), "--child", str(spec)],
+    done = subprocess.run(
+        [*valgrind, sys.executable, str(ROOT / "bench/sim_speed.py"), "--child", str(spec)],
         cwd=src, env=env, check=True, stdout=subprocess.DEVNULL, preexec_fn=pin,
+        stderr=subprocess.PIPE if instructions else None, text=True,
     )  # fmt: skip
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = json.loads(result.read_text())
     summary = json.loads((tmp / "out" / "summary.json").read_text())
-    return {
+    row = {
         "simulate_cpu_s": out["simulate_cpu_s"],
         "command_cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
         "simulate_wall_s": summary["wall"]["simulate_s"],
         "requests": summary["requests"]["submitted"],
         "failed": summary["requests"]["failed"],
     }
+    if instructions:
+        counted = COLLECTED.findall(done.stderr)
+        if not counted:
+            tail = done.stderr[-2000:]
+            raise SystemExit(f"callgrind printed no count; its stderr ended:\n{tail}")
+        row["instructions"] = float(counted[-1])
+    return row
 
 
 def label(src: Path) -> str:
@@ -177,6 +204,11 @@ def main() -> int:
     )  # fmt: skip
     ap.add_argument("--profile", action="store_true")
     ap.add_argument(
+        "--instructions", action="store_true",
+        help="also count each command's instructions under valgrind's callgrind (repeatable "
+        "on a loaded host; about 30x slower)",
+    )  # fmt: skip
+    ap.add_argument(
         "--no-timeline", action="store_true", help="runs without timeline.png (testbed timeline)"
     )
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -184,6 +216,8 @@ def main() -> int:
     if args.child:
         return child(args.child)
     cpu = None if args.cpu < 0 else args.cpu
+    if args.instructions and shutil.which("valgrind") is None:
+        ap.error("--instructions needs valgrind (Debian: apt-get install valgrind)")
     srcs = [ROOT, *[s.resolve() for s in args.src or []]]
     policies = args.policy or [None]
     load_before = os.getloadavg()
@@ -198,12 +232,15 @@ def main() -> int:
             for src in srcs:
                 for policy in policies:
                     run_dir = Path(tempfile.mkdtemp(dir=tmp))
-                    r = one_run(src, cli_args(args, trace, policy), cpu, run_dir)
+                    argv = cli_args(args, trace, policy)
+                    r = one_run(src, argv, cpu, run_dir, args.instructions)
                     rows.setdefault((label(src), policy or "(scenario's)"), []).append(r)
+                    counted = (f", {r['instructions'] / 1e9:.3f} G instructions"
+                               if "instructions" in r else "")  # fmt: skip
                     print(f"run {i} {label(src):>14} {policy or '':<16} "
                           f"simulate {r['simulate_cpu_s']:6.2f} CPU s, command "
-                          f"{r['command_cpu_s']:6.2f} CPU s, {r['requests']:.0f} requests "
-                          f"(load {os.getloadavg()[0]:.2f})", flush=True)  # fmt: skip
+                          f"{r['command_cpu_s']:6.2f} CPU s, {r['requests']:.0f} requests"
+                          f"{counted} (load {os.getloadavg()[0]:.2f})", flush=True)  # fmt: skip
         table = _table(rows)
         print(table)
         head = _provenance(args, srcs, cpu, load_before)
@@ -225,6 +262,12 @@ def main() -> int:
                 "simulation alone (process CPU around `testbed.sim.simulate`), `command` the "
                 "whole `testbed run` (start-up, imports, planning, simulation, results files). "
                 "Median of the runs, [min-max] beside it.\n"
+                + (
+                    "Counted under callgrind (`--instructions`): the seconds are valgrind's; "
+                    "the instructions are the whole command's, PYTHONHASHSEED=0.\n"
+                    if args.instructions
+                    else ""
+                )
             )
             if args.append and args.report.exists():
                 args.report.write_text(args.report.read_text() + "\n" + section)
@@ -239,9 +282,11 @@ def _table(rows: dict[tuple[str, str], list[dict[str, float]]]) -> str:
     """A row per (checkout, policy): medians [min-max] of its runs; with `prfaas-static` among
     the policies, each run's simulate CPU over the static run of the same round and checkout
     (the same pair: the two ran back to back), the median of those ratios."""
+    counted = any("instructions" in r for rs in rows.values() for r in rs)
     out = ("| code | policy | runs | requests | simulate, CPU s | command, CPU s "
-           "| simulate / prfaas-static, same pairs |\n"
-           "|---|---|---|---|---|---|---|\n")  # fmt: skip
+           "| simulate / prfaas-static, same pairs |"
+           + (" command, G instructions |" if counted else "") + "\n"
+           "|---|---|---|---|---|---|---|" + ("---|" if counted else "") + "\n")  # fmt: skip
 
     def fig(rs: list[dict[str, float]], key: str) -> str:
         xs = [r[key] for r in rs]
@@ -257,7 +302,11 @@ def _table(rows: dict[tuple[str, str], list[dict[str, float]]]) -> str:
             ratio = f"{statistics.median(xs):.2f}x [{min(xs):.2f}-{max(xs):.2f}]"
         out += (f"| {code} | {policy} | {len(rs)} | {rs[0]['requests']:.0f} | "
                 f"{fig(rs, 'simulate_cpu_s')} | {fig(rs, 'command_cpu_s')} "
-                f"| {ratio} |\n")  # fmt: skip
+                f"| {ratio} |")  # fmt: skip
+        if counted:
+            xs = [r["instructions"] / 1e9 for r in rs]
+            out += f" {statistics.median(xs):.3f} [{min(xs):.3f}-{max(xs):.3f}] |"
+        out += "\n"
     return out
 
 

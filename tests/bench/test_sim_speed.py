@@ -1,0 +1,47 @@
+"""bench/sim_speed.py's instruction count (`--instructions`): read from callgrind's last line
+and shown as a column beside the CPU seconds, only when counted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+CALLGRIND_TAIL = """==4242== Events    : Ir
+==4242== Collected : 6165039086
+==4242==
+==4242== I   refs:      6,165,039,086
+"""
+
+
+def _row(cpu: float, instructions: float | None = None) -> dict[str, float]:
+    row = {"simulate_cpu_s": cpu, "command_cpu_s": cpu + 1, "requests": 3993.0}
+    if instructions is not None:
+        row["instructions"] = instructions
+    return row
+
+
+def test_the_count_is_callgrinds_collected_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import sim_speed
+
+    assert sim_speed.COLLECTED.findall(CALLGRIND_TAIL) == ["6165039086"]
+    assert sim_speed.COLLECTED.findall("==1== I   refs: 6,165\n") == []
+
+
+def test_the_table_has_an_instructions_column_only_when_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import sim_speed
+
+    timed = sim_speed._table({("abc", "prfaas-static"): [_row(0.7), _row(0.9)]})
+    assert "instructions" not in timed
+    counted = sim_speed._table(
+        {("abc", "prfaas-static"): [_row(0.7, 6.2e9), _row(0.9, 6.1e9)]}
+    ).splitlines()
+    assert counted[0].endswith("| command, G instructions |")
+    assert counted[1].count("|") == counted[0].count("|")
+    assert counted[2].endswith("| 6.150 [6.100-6.200] |")
