@@ -23,12 +23,13 @@ also runs the code of another checkout of the project (on PYTHONPATH), interleav
 one run by run, so a before/after comparison sees the same load. `--profile` then profiles the
 simulation of the first policy in this process and prints where its time goes.
 
-`--instructions` also counts the instructions each whole command executes, under valgrind's
-callgrind (about 30x slower, so use `--repeat 1`): CPU seconds on a shared host vary by a
-quarter between runs of the same code, while two counts of the same code differ by about 0.1%,
-loaded host or quiet, so a small change shows in the count where the seconds hide it. The child
-runs with PYTHONHASHSEED=0 (string hashing otherwise moves the count run to run); its CPU
-seconds are then valgrind's, not the code's.
+`--instructions` also counts the instructions each run executes, the simulation alone and the
+whole command, under valgrind's callgrind (about 30x slower, so use `--repeat 1`): CPU seconds
+on a shared host vary by a quarter between runs of the same code, while two counts of the same
+code differ by about 0.1%, loaded host or quiet, so a small change shows in the count where the
+seconds hide it. The child asks callgrind (`callgrind_control -d`) for a dump as the simulation
+starts and as it ends; the second holds the simulation's count. It runs with PYTHONHASHSEED=0
+(string hashing otherwise moves the count run to run); its CPU seconds are then valgrind's.
 """
 
 from __future__ import annotations
@@ -52,6 +53,18 @@ from provenance import changed, commit, provenance  # bench/ is on sys.path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+COUNTING = "SIM_SPEED_CALLGRIND"
+"""Set in a child's environment when it runs under callgrind (`--instructions`)."""
+SIMULATED = "simulated"
+"""The reason the child gives callgrind for the dump that ends a simulation."""
+
+
+def _dump(reason: str) -> None:
+    """Ask the callgrind running this process to dump (and zero) its counts now."""
+    subprocess.run(["callgrind_control", "-d", reason, str(os.getpid())],
+                   check=True, capture_output=True)  # fmt: skip
+
+
 def child(spec_path: str) -> int:
     """Run the command in this process with the simulate call timed (the `--child` mode)."""
     spec = json.loads(Path(spec_path).read_text())
@@ -59,13 +72,18 @@ def child(spec_path: str) -> int:
 
     simulate = sim_run.simulate
     cpu: list[float] = []
+    counting = os.environ.get(COUNTING) == "1"
 
     def timed(*args: Any, **kwargs: Any) -> Any:
+        if counting:
+            _dump("before-simulation")
         t0 = time.process_time()
         try:
             return simulate(*args, **kwargs)
         finally:
             cpu.append(time.process_time() - t0)
+            if counting:
+                _dump(SIMULATED)
 
     sim_run.simulate = timed
     from testbed.cli import main as cli
@@ -121,7 +139,20 @@ def compile_package(src: Path) -> None:
 
 
 COLLECTED = re.compile(r"^==\d+== Collected : (\d+)$", re.MULTILINE)
-"""callgrind's last line on stderr: the instructions it counted."""
+"""callgrind's last line on stderr: the instructions it counted in all."""
+
+
+def simulated_instructions(dumps: list[str]) -> float:
+    """The instructions of the simulations, from callgrind's dump files (each holds the counts
+    since the one before): the totals of those the child dumped as a simulation ended."""
+    total = 0.0
+    for text in dumps:
+        if f"\ndesc: Trigger: dump {SIMULATED}\n" in f"\n{text}":
+            found = re.search(r"^totals: (\d+)$", text, re.MULTILINE)
+            if found is None:
+                raise SystemExit("a callgrind dump without its totals line")
+            total += float(found.group(1))
+    return total
 
 
 def one_run(
@@ -134,6 +165,7 @@ def one_run(
     valgrind: list[str] = []
     if instructions:
         env["PYTHONHASHSEED"] = "0"
+        env[COUNTING] = "1"
         valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp / 'callgrind'}"]
 
     def pin() -> None:
@@ -162,6 +194,8 @@ def one_run(
             tail = done.stderr[-2000:]
             raise SystemExit(f"callgrind printed no count; its stderr ended:\n{tail}")
         row["instructions"] = float(counted[-1])
+        dumps = [f.read_text() for f in tmp.glob("callgrind*")]
+        row["simulate_instructions"] = simulated_instructions(dumps)
     return row
 
 
@@ -216,8 +250,8 @@ def main() -> int:
     if args.child:
         return child(args.child)
     cpu = None if args.cpu < 0 else args.cpu
-    if args.instructions and shutil.which("valgrind") is None:
-        ap.error("--instructions needs valgrind (Debian: apt-get install valgrind)")
+    if args.instructions and not (shutil.which("valgrind") and shutil.which("callgrind_control")):
+        ap.error("--instructions needs valgrind and callgrind_control (Debian: valgrind)")
     srcs = [ROOT, *[s.resolve() for s in args.src or []]]
     policies = args.policy or [None]
     load_before = os.getloadavg()
@@ -235,7 +269,8 @@ def main() -> int:
                     argv = cli_args(args, trace, policy)
                     r = one_run(src, argv, cpu, run_dir, args.instructions)
                     rows.setdefault((label(src), policy or "(scenario's)"), []).append(r)
-                    counted = (f", {r['instructions'] / 1e9:.3f} G instructions"
+                    counted = (f", {r['simulate_instructions'] / 1e9:.3f} G instructions "
+                               f"simulating, {r['instructions'] / 1e9:.3f} G in all"
                                if "instructions" in r else "")  # fmt: skip
                     print(f"run {i} {label(src):>14} {policy or '':<16} "
                           f"simulate {r['simulate_cpu_s']:6.2f} CPU s, command "
@@ -263,8 +298,9 @@ def main() -> int:
                 "whole `testbed run` (start-up, imports, planning, simulation, results files). "
                 "Median of the runs, [min-max] beside it.\n"
                 + (
-                    "Counted under callgrind (`--instructions`): the seconds are valgrind's; "
-                    "the instructions are the whole command's, PYTHONHASHSEED=0.\n"
+                    "Counted under callgrind (`--instructions`, PYTHONHASHSEED=0): the seconds "
+                    "are valgrind's; the instructions are the simulation's (between two dumps) "
+                    "and the whole command's.\n"
                     if args.instructions
                     else ""
                 )
@@ -285,27 +321,34 @@ def _table(rows: dict[tuple[str, str], list[dict[str, float]]]) -> str:
     counted = any("instructions" in r for rs in rows.values() for r in rs)
     out = ("| code | policy | runs | requests | simulate, CPU s | command, CPU s "
            "| simulate / prfaas-static, same pairs |"
-           + (" command, G instructions |" if counted else "") + "\n"
-           "|---|---|---|---|---|---|---|" + ("---|" if counted else "") + "\n")  # fmt: skip
+           + (" simulate, G instructions | command, G instructions "
+              "| simulate instructions / prfaas-static |" if counted else "")
+           + "\n|---|---|---|---|---|---|---|" + ("---|---|---|" if counted else "")
+           + "\n")  # fmt: skip
 
     def fig(rs: list[dict[str, float]], key: str) -> str:
         xs = [r[key] for r in rs]
         return f"{statistics.median(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]"
 
+    def paired(rs: list[dict[str, float]], static: list[dict[str, float]] | None, key: str) -> str:
+        if static is None or len(static) != len(rs):
+            return "-"
+        xs = [r[key] / s[key] for r, s in zip(rs, static, strict=True)]
+        return f"{statistics.median(xs):.2f}x [{min(xs):.2f}-{max(xs):.2f}]"
+
+    def giga(rs: list[dict[str, float]], key: str) -> str:
+        xs = [r[key] / 1e9 for r in rs]
+        return f"{statistics.median(xs):.3f} [{min(xs):.3f}-{max(xs):.3f}]"
+
     for (code, policy), rs in rows.items():
         static = rows.get((code, "prfaas-static"))
-        ratio = "-"
-        if static is not None and len(static) == len(rs):
-            xs = [
-                r["simulate_cpu_s"] / s["simulate_cpu_s"] for r, s in zip(rs, static, strict=True)
-            ]
-            ratio = f"{statistics.median(xs):.2f}x [{min(xs):.2f}-{max(xs):.2f}]"
+        ratio = paired(rs, static, "simulate_cpu_s")
         out += (f"| {code} | {policy} | {len(rs)} | {rs[0]['requests']:.0f} | "
                 f"{fig(rs, 'simulate_cpu_s')} | {fig(rs, 'command_cpu_s')} "
                 f"| {ratio} |")  # fmt: skip
         if counted:
-            xs = [r["instructions"] / 1e9 for r in rs]
-            out += f" {statistics.median(xs):.3f} [{min(xs):.3f}-{max(xs):.3f}] |"
+            out += (f" {giga(rs, 'simulate_instructions')} | {giga(rs, 'instructions')} "
+                    f"| {paired(rs, static, 'simulate_instructions')} |")  # fmt: skip
         out += "\n"
     return out
 
