@@ -175,11 +175,15 @@ def one_run(
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(
         [*valgrind, sys.executable, str(ROOT / "bench/sim_speed.py"), "--child", str(spec)],
-        cwd=src, env=env, check=True, stdout=subprocess.DEVNULL, preexec_fn=pin,
+        cwd=src, env=env, stdout=subprocess.DEVNULL, preexec_fn=pin,
         stderr=subprocess.PIPE if instructions else None, text=True,
     )  # fmt: skip
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out = json.loads(result.read_text())
+    out = json.loads(result.read_text()) if result.exists() else {}
+    rc = done.returncode or out.get("rc", 1)
+    if rc != 0:
+        said = f"; its stderr ended:\n{done.stderr[-2000:]}" if done.stderr else ""
+        raise SystemExit(f"`testbed {' '.join(argv)}` exited with {rc}{said}")
     summary = json.loads((tmp / "out" / "summary.json").read_text())
     row = {
         "simulate_cpu_s": out["simulate_cpu_s"],
@@ -239,8 +243,8 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument(
         "--instructions", action="store_true",
-        help="also count each command's instructions under valgrind's callgrind (repeatable "
-        "on a loaded host; about 30x slower)",
+        help="also count the simulation's and each command's instructions under valgrind's "
+        "callgrind (repeatable on a loaded host; about 30x slower)",
     )  # fmt: skip
     ap.add_argument(
         "--no-timeline", action="store_true", help="runs without timeline.png (testbed timeline)"
