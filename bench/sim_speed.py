@@ -180,11 +180,12 @@ def one_run(
     )  # fmt: skip
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = json.loads(result.read_text()) if result.exists() else {}
-    rc = done.returncode or out.get("rc", 1)
-    if rc != 0:
+    written = tmp / "out" / "summary.json"
+    if not written.exists():  # no run (a failed check still writes one: its time counts)
+        rc = done.returncode or out.get("rc", 1)
         said = f"; its stderr ended:\n{done.stderr[-2000:]}" if done.stderr else ""
-        raise SystemExit(f"`testbed {' '.join(argv)}` exited with {rc}{said}")
-    summary = json.loads((tmp / "out" / "summary.json").read_text())
+        raise SystemExit(f"`testbed {' '.join(argv)}` exited with {rc}, no run{said}")
+    summary = json.loads(written.read_text())
     row = {
         "simulate_cpu_s": out["simulate_cpu_s"],
         "command_cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
