@@ -186,20 +186,19 @@ class KVCacheManager:
         return cls(pools)
 
     def lookup(self, hash_ids: Sequence[int] | ChainKeys, input_tokens: int) -> CacheLookup:
-        """Cached prefix of a prompt in each cluster (refreshes their LRU position). Pass the
-        request's ChainKeys (the same one to its inserts) to hash each block once."""
+        """Cached prefix of a prompt in each cluster (the local pool's blocks found move to its
+        LRU end: the decode side will use them). Pass the request's ChainKeys (the same one to
+        its inserts) to hash each block once."""
         if not len(hash_ids):
             return CacheLookup()
         hash_ids = hash_ids if isinstance(hash_ids, ChainKeys) else ChainKeys(hash_ids)
         found: dict[str, int] = {}
+        local_kv = 0  # the local pool's blocks alone: what the decode side holds
         for cluster, pool in self.pools.items():
-            found[cluster] = pool.match(hash_ids, input_tokens, record=False)
-        local_kv = 0
-        if "local" in self.pools:
-            pool = self.pools["local"]
-            limit = max(input_tokens - 1, 0) // pool.block_tokens
-            blocks = pool.match_blocks(hash_ids, limit=limit, with_state=False)
-            local_kv = blocks * pool.block_tokens
+            if cluster == "local":
+                found[cluster], local_kv = pool.lookup(hash_ids, input_tokens)
+            else:
+                found[cluster] = pool.match(hash_ids, input_tokens, record=False)
         return CacheLookup(found.get("local", 0), found.get("prfaas", 0), local_kv)
 
     def insert(self, cluster: Cluster, hash_ids: Sequence[int] | ChainKeys, tokens: int) -> int:

@@ -188,12 +188,28 @@ class HybridPrefixPool:
             while n > 0 and keys[n - 1] not in states:
                 n -= 1
         if touch and n:
-            touch_block = blocks.move_to_end
-            for key in keys[:n]:
-                touch_block(key)
+            deque(map(blocks.move_to_end, keys[:n]), maxlen=0)  # in order, at C speed
             if need_state:
                 self._states.move_to_end(keys[n - 1])
         return n
+
+    def lookup(self, hash_ids: Sequence[int] | ChainKeys, input_tokens: int) -> tuple[int, int]:
+        """What a prompt finds here, in one pass over its leading blocks: the tokens a prefill
+        reuses (`match(record=False)`: the blocks and, for a hybrid model, the state at their
+        length) and the tokens of the blocks alone (`match_blocks(with_state=False)`: what a
+        decode instance already holds). The blocks found move to the LRU end, the state does
+        not, as when the global manager's lookup made those two calls, which walked the local
+        pool's blocks twice per request (a third of the sim's pool lookups)."""
+        chain = _keys_of(hash_ids)
+        held = chain.leading(max(input_tokens - 1, 0) // self.block_tokens, self._blocks)
+        keys, n = chain.known, held
+        if self.needs_state:
+            states = self._states
+            while n > 0 and keys[n - 1] not in states:
+                n -= 1
+        if held:
+            deque(map(self._blocks.move_to_end, keys[:held]), maxlen=0)
+        return n * self.block_tokens, held * self.block_tokens
 
     def match(
         self, hash_ids: Sequence[int] | ChainKeys, input_tokens: int, *, record: bool = True

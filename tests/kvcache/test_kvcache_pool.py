@@ -96,3 +96,29 @@ def test_blocks_without_state_are_what_a_decode_side_holds() -> None:
     pool.insert([1, 2, 3, 4], 4 * BLOCK_TOKENS)  # state only at 4 blocks
     assert pool.match_blocks([1, 2, 3, 9]) == 0  # no state at 3 blocks: not reusable by prefill
     assert pool.match_blocks([1, 2, 3, 9], with_state=False) == 3  # but the KV blocks are there
+
+
+@pytest.mark.parametrize("state_bytes", [0, 100])
+def test_lookup_is_match_then_match_blocks_without_state(state_bytes: int) -> None:
+    """`lookup` answers, and leaves the LRU order, as the two calls it replaces did, on a pool
+    small enough to evict: a touch that went missing (or the state touched) changes what a
+    later insert evicts."""
+    import random
+
+    rng = random.Random(7)
+    one = HybridPrefixPool(900, block_bytes=10, state_bytes=state_bytes)
+    two = HybridPrefixPool(900, block_bytes=10, state_bytes=state_bytes)
+    for _ in range(300):
+        ids = [rng.randrange(4)] + [rng.randrange(3) for _ in range(rng.randrange(1, 9))]
+        tokens = rng.randrange(1, len(ids) + 2) * BLOCK_TOKENS - rng.randrange(2)
+        limit = max(tokens - 1, 0) // BLOCK_TOKENS
+        before = (
+            one.match(ids, tokens, record=False),
+            one.match_blocks(ids, limit=limit, with_state=False) * BLOCK_TOKENS,
+        )
+        assert two.lookup(ids, tokens) == before
+        if rng.random() < 0.5:
+            assert one.insert(ids, tokens) == two.insert(ids, tokens)
+        assert list(one._blocks) == list(two._blocks)
+        assert list(one._states) == list(two._states)
+    assert one.evictions == two.evictions > 0
