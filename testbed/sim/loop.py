@@ -230,7 +230,7 @@ class VirtualClock:
             await asyncio.sleep(delay)
 
 
-YOUNG_THRESHOLDS = (10_000, 10, 100)
+YOUNG_THRESHOLDS = (100_000, 10, 100)
 """The collector's thresholds while a simulation runs (Python's default: 700, 10, 10)."""
 
 
@@ -244,7 +244,10 @@ def young_collections() -> Iterator[None]:
     heap: a fifth of the CPU of ten copies of the Mooncake trace, and the reason the sim grew
     faster than its trace. Here the objects made before the run are frozen (never scanned),
     young collections are rarer, and a full one waits for 100 older ones; cycles still die
-    in the young generations, where the simulation's cycles die. Restored on the way out."""
+    in the young generations, where the simulation's cycles die. A young collection every
+    10,000 net allocations still cost ten copies under prfaas-static 0.23 CPU s of 5.3 (18
+    young and one middle collection over the records and queued requests it keeps); every
+    100,000, 0.07 in one (bench/reports/sim_speed.md). Restored on the way out."""
     before = gc.get_threshold()
     gc.freeze()
     gc.set_threshold(*YOUNG_THRESHOLDS)
