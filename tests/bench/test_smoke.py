@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SMOKE: dict[str, list[str]] = {
     "sim_saturation.py": ["--duration", "60s"],
     "sim_gap.py": ["--duration", "60s"],
-    "sim_scale.py": ["--factor", "1", "--duration", "60", "--cpu", "-1"],
+    "sim_scale.py": ["--factor", "1", "--duration", "60", "--cpu", "-1", "--repeat", "2"],
     "sim_speed.py": ["--duration", "130", "--repeat", "1", "--cpu", "-1"],
     "sim_sweep.py": [
         "--set",
