@@ -247,7 +247,8 @@ def young_collections() -> Iterator[None]:
     in the young generations, where the simulation's cycles die. A young collection every
     10,000 net allocations still cost ten copies under prfaas-static 0.23 CPU s of 5.3 (18
     young and one middle collection over the records and queued requests it keeps); every
-    100,000, 0.07 in one (bench/reports/sim_speed.md). Restored on the way out."""
+    100,000, 0.07 in one (timed with gc.callbacks; bench/reports/sim_speed.md has the pairs).
+    Restored on the way out."""
     before = gc.get_threshold()
     gc.freeze()
     gc.set_threshold(*YOUNG_THRESHOLDS)

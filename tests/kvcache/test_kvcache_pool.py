@@ -1,5 +1,7 @@
 """The hybrid prefix cache pool's match semantics (the paper's Section on the hybrid pool)."""
 
+import random
+
 import pytest
 
 from testbed.kvcache import BLOCK_TOKENS, HybridPrefixPool, chain_keys
@@ -103,8 +105,6 @@ def test_lookup_is_match_then_match_blocks_without_state(state_bytes: int) -> No
     """`lookup` answers, and leaves the LRU order, as the two calls it replaces did, on a pool
     small enough to evict: a touch that went missing (or the state touched) changes what a
     later insert evicts."""
-    import random
-
     rng = random.Random(7)
     one = HybridPrefixPool(900, block_bytes=10, state_bytes=state_bytes)
     two = HybridPrefixPool(900, block_bytes=10, state_bytes=state_bytes)
