@@ -184,9 +184,7 @@ class HybridPrefixPool:
         keys = chain.known
         need_state = self.needs_state and with_state
         if need_state:
-            states = self._states
-            while n > 0 and keys[n - 1] not in states:
-                n -= 1
+            n = self._with_state(keys, n)
         if touch and n:
             deque(map(blocks.move_to_end, keys[:n]), maxlen=0)  # in order, at C speed
             if need_state:
@@ -201,15 +199,18 @@ class HybridPrefixPool:
         not, as when the global manager's lookup made those two calls, which walked the local
         pool's blocks twice per request (a third of the sim's pool lookups)."""
         chain = _keys_of(hash_ids)
-        held = chain.leading(max(input_tokens - 1, 0) // self.block_tokens, self._blocks)
-        keys, n = chain.known, held
-        if self.needs_state:
-            states = self._states
-            while n > 0 and keys[n - 1] not in states:
-                n -= 1
-        if held:
-            deque(map(self._blocks.move_to_end, keys[:held]), maxlen=0)
+        limit = max(input_tokens - 1, 0) // self.block_tokens
+        held = self.match_blocks(chain, limit=limit, with_state=False)
+        n = self._with_state(chain.known, held) if self.needs_state else held
         return n * self.block_tokens, held * self.block_tokens
+
+    def _with_state(self, keys: list[bytes], n: int) -> int:
+        """The longest of the first `n` block prefixes whose state is held too (a hybrid
+        model reuses no prefix without the state at exactly its length)."""
+        states = self._states
+        while n > 0 and keys[n - 1] not in states:
+            n -= 1
+        return n
 
     def match(
         self, hash_ids: Sequence[int] | ChainKeys, input_tokens: int, *, record: bool = True
