@@ -27,7 +27,7 @@ from testbed.config.limits import MAX_THRESHOLDS, FieldError
 from testbed.planner_grid import first_best, grid_size, pair_grid, split_grid, threshold_grid
 from testbed.profiles import HARDWARE, MODELS, ModelProfile
 from testbed.workload.build import length_distribution
-from testbed.workload.lengths import LengthDistribution
+from testbed.workload.lengths import EmpiricalLengths, LengthDistribution
 
 __all__ = [
     "PlanInputs",
@@ -379,11 +379,25 @@ class SplitSearch:
         """(thresholds, Lambda_max, imbalance) of the grid, computed once."""
         if self._grid is None:
             thresholds = self.thresholds
+            lengths = self.args[2].lengths
+            empirical = isinstance(lengths, EmpiricalLengths)
             if math.isinf(thresholds[0]):
                 ps, l_longs, l_shorts = (np.array([x]) for x in self._point(thresholds[0]))
+            elif isinstance(lengths, EmpiricalLengths) and len(thresholds) > 1:
+                # Thresholds of equal rank (no length between them) split the workload alike,
+                # so their pairs are equal and only the first can be the first best one: one
+                # threshold per rank is kept before any pair is computed (the same choice as
+                # the comparison below, on a grid a tenth the size for a 30 s window).
+                k = lengths.ranks(thresholds)
+                first = np.empty(len(k), dtype=bool)
+                first[0] = True
+                np.not_equal(k[1:], k[:-1], out=first[1:])
+                if not first.all():
+                    thresholds, k = thresholds[first], k[first]
+                ps, l_longs, l_shorts = lengths.split_ranks(k)
             else:
-                ps, l_longs, l_shorts = split_grid(self.args[2].lengths, thresholds)
-            if len(self.splits) > 1 and len(ps) > 1:
+                ps, l_longs, l_shorts = split_grid(lengths, thresholds)
+            if not empirical and len(self.splits) > 1 and len(ps) > 1:
                 # Neighbouring thresholds with no length between them split the workload
                 # alike: their pairs are equal, and only the first of them can be the first
                 # best one (with one split, dropping them costs more than it saves).

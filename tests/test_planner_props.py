@@ -114,8 +114,11 @@ def test_fixed_and_lognormal_lengths(dep: DeploymentConfig, tokens: float) -> No
 def test_split_many_is_split(lengths: list[int], ts: list[float]) -> None:
     dist = EmpiricalLengths.of(lengths)
     p, l_long, l_short = split_many(dist, np.array(ts))
+    ranks = dist.ranks(np.array(ts))
     for i, t in enumerate(ts):
         assert (float(p[i]), float(l_long[i]), float(l_short[i])) == dist.split(t)
+        # the planner keeps one threshold per rank: the rank is how many lengths are <= t
+        assert int(ranks[i]) == sum(1 for x in lengths if x <= t)
 
 
 @SETTINGS

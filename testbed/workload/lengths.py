@@ -134,8 +134,18 @@ class EmpiricalLengths:
         """`split` at every threshold of `ts` at once, with the same IEEE operations on the
         same prefix sums, so each element equals `split(t)` bit for bit (the planner re-runs
         its threshold search every scheduler tick, over ~1,000 thresholds)."""
+        return self.split_ranks(self.ranks(ts))
+
+    def ranks(self, ts: np.ndarray) -> np.ndarray:
+        """How many lengths are <= each threshold (`bisect_right`): all that `split` depends
+        on, so thresholds of equal rank split alike and those of different ranks do not (p
+        differs). The planner keeps one threshold per rank before it computes any pair: a
+        30 s window of ~100 lengths leaves ~100 of a grid's ~1,000 thresholds."""
+        return np.searchsorted(np.asarray(self._sorted), ts, side="right")
+
+    def split_ranks(self, k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`split` at thresholds of ranks `k` (`ranks`), bit for bit."""
         n = len(self._sorted)
-        k = np.searchsorted(np.asarray(self._sorted), ts, side="right")  # = bisect_right
         prefix = np.asarray(self._prefix)
         p = (n - k) / n
         l_short = np.where(k > 0, prefix[k] / np.maximum(k, 1), 0.0)
