@@ -380,14 +380,13 @@ class SplitSearch:
         if self._grid is None:
             thresholds = self.thresholds
             lengths = self.args[2].lengths
-            empirical = isinstance(lengths, EmpiricalLengths)
             if math.isinf(thresholds[0]):
                 ps, l_longs, l_shorts = (np.array([x]) for x in self._point(thresholds[0]))
             elif isinstance(lengths, EmpiricalLengths) and len(thresholds) > 1:
                 # Thresholds of equal rank (no length between them) split the workload alike,
                 # so their pairs are equal and only the first can be the first best one: one
-                # threshold per rank is kept before any pair is computed (the same choice as
-                # the comparison below, on a grid a tenth the size for a 30 s window).
+                # threshold per rank is kept before any pair is computed (the choice the
+                # comparison below makes, on a grid a tenth the size for a 30 s window).
                 k = lengths.ranks(thresholds)
                 first = np.empty(len(k), dtype=bool)
                 first[0] = True
@@ -397,16 +396,16 @@ class SplitSearch:
                 ps, l_longs, l_shorts = lengths.split_ranks(k)
             else:
                 ps, l_longs, l_shorts = split_grid(lengths, thresholds)
-            if not empirical and len(self.splits) > 1 and len(ps) > 1:
-                # Neighbouring thresholds with no length between them split the workload
-                # alike: their pairs are equal, and only the first of them can be the first
-                # best one (with one split, dropping them costs more than it saves).
-                first = np.ones(len(ps), dtype=bool)
-                first[1:] = (ps[1:] != ps[:-1]) | (l_longs[1:] != l_longs[:-1])
-                first[1:] |= l_shorts[1:] != l_shorts[:-1]
-                if not first.all():
-                    thresholds = thresholds[first]
-                    ps, l_longs, l_shorts = ps[first], l_longs[first], l_shorts[first]
+                if len(self.splits) > 1 and len(ps) > 1:
+                    # Neighbouring thresholds with no length between them split the workload
+                    # alike: their pairs are equal, and only the first of them can be the
+                    # first best one (with one split, dropping them costs more than it saves).
+                    first = np.ones(len(ps), dtype=bool)
+                    first[1:] = (ps[1:] != ps[:-1]) | (l_longs[1:] != l_longs[:-1])
+                    first[1:] |= l_shorts[1:] != l_shorts[:-1]
+                    if not first.all():
+                        thresholds = thresholds[first]
+                        ps, l_longs, l_shorts = ps[first], l_longs[first], l_shorts[first]
             self._grid = (thresholds, *self.ctx.grid(ps, l_longs, l_shorts, self.splits))
         return self._grid
 
