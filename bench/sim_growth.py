@@ -14,6 +14,9 @@ chain keys is.
     python bench/sim_growth.py --trace ../shared/traces/mooncake_synthetic_trace.jsonl \\
         [--times 10] [--policy prfaas ...] [--repeat 3] [--report bench/reports/sim_growth.md]
 
+Each `--times N` writes its own section of the report (`growth-xN`), so x10 and x20 sit side
+by side: whether the growth past 10x goes on or stops once the pools are full.
+
 Each run is one child process pinned to one core (`--cpu`), as bench/sim_speed.py runs it;
 the simulation is timed in process CPU seconds, the cache by `time.perf_counter_ns` around
 each call (wall time of a pinned, CPU-bound process; the timers' own cost, ~0.1 us a call,
@@ -227,8 +230,9 @@ def main() -> int:
         setup = (f"{args.scenario} on the sim substrate, its seed, trace {args.trace.name} "
                  f"x1 and x{args.times}; medians of {args.repeat} runs pinned to core "
                  f"{args.cpu}")  # fmt: skip
-        markdown_section(args.report, "growth", "The prefix cache at x1 and xN", load_before,
-                         setup, text)  # fmt: skip
+        n = args.times
+        markdown_section(args.report, f"growth-x{n}", f"The prefix cache at x1 and x{n}",
+                         load_before, setup, text)  # fmt: skip
     return 0
 
 

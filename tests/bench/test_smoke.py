@@ -86,7 +86,7 @@ SECTION = {
     "sample_run.py": "sample-burst-sim-least-ttft",
     "scorecard_cost.py": "scorecard_cost",
     "sim_gap.py": "sim_gap",
-    "sim_growth.py": "growth",
+    "sim_growth.py": "growth-x2",
     "sim_scale.py": "sim_scale-prfaas-static",
     "sim_sweep.py": "sim_sweep",
     "walkthrough.py": "walkthrough-vectors",
