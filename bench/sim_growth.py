@@ -124,7 +124,7 @@ def one_run(args: argparse.Namespace, trace: Path, times: int, policy: str) -> d
     """One child run of `testbed run` on `times` copies of the trace under `policy`."""
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        argv = ["run", args.scenario, "--substrate", "sim", "--quiet", "--no-timeline",
+        argv = ["run", args.run_scenario, "--substrate", "sim", "--quiet", "--no-timeline",
                 "--duration", str(args.duration * times), "--trace", str(trace),
                 "--policy", policy, "--out", str(tmp / "out")]  # fmt: skip
         for s in args.set or []:
@@ -186,7 +186,7 @@ def table(runs: dict[tuple[str, int], list[dict[str, Any]]], times: int) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scenario", default=str(ROOT / "scenarios/mooncake-trace.yaml"))
+    ap.add_argument("--scenario", default="scenarios/mooncake-trace.yaml")
     ap.add_argument("--trace", type=Path, help="a Mooncake JSONL trace (required)")
     ap.add_argument("--duration", type=float, default=1100.0, help="seconds of one copy")
     ap.add_argument("--times", type=int, default=10, help="copies of the trace (>= 2)")
@@ -204,8 +204,10 @@ def main() -> int:
         ap.error("--times must be at least 2 and --repeat at least 1")
     if args.trace is None or not args.trace.is_file():
         ap.error(f"--trace {args.trace}: no such file")
-    if Path(args.scenario).is_file():  # the runs' working directory is the checkout's
-        args.scenario = str(Path(args.scenario).resolve())
+    given = Path(args.scenario)  # the runs' working directory is the checkout's
+    args.run_scenario = str(given.absolute() if given.is_file() else ROOT / given)
+    if not Path(args.run_scenario).is_file():
+        args.run_scenario = args.scenario  # a library name
     policies = args.policy or ["prfaas-static", "prfaas", "prfaas-predict"]
     load_before = os.getloadavg()
     compile_package(ROOT)
@@ -226,7 +228,8 @@ def main() -> int:
     print(text)
     if args.report is not None:
         if not args.report.exists():
-            args.report.write_text(f"# {__doc__.splitlines()[0]} (bench/sim_growth.py)\n")
+            title = __doc__.splitlines()[0].rstrip(".")
+            args.report.write_text(f"# {title} (bench/sim_growth.py)\n")
         setup = (f"{args.scenario} on the sim substrate, its seed, trace {args.trace.name} "
                  f"x1 and x{args.times}; medians of {args.repeat} runs pinned to core "
                  f"{args.cpu}")  # fmt: skip
