@@ -133,13 +133,17 @@ def one_run(args: argparse.Namespace, trace: Path, times: int, policy: str) -> d
         spec, result = tmp / "spec.json", tmp / "result.json"
         spec.write_text(json.dumps({"argv": argv, "result": str(result)}))
         cpu = args.cpu if args.cpu >= 0 else None
-        subprocess.run(
+        done = subprocess.run(
             [sys.executable, str(Path(__file__).resolve()), "--child", str(spec)],
-            cwd=ROOT, env=child_env(ROOT), stdout=subprocess.DEVNULL, check=True,
+            cwd=ROOT, env=child_env(ROOT), stdout=subprocess.DEVNULL,
             preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None,
         )  # fmt: skip
-        row = dict(json.loads(result.read_text()))
-        summary = json.loads((tmp / "out" / "summary.json").read_text())
+        written = tmp / "out" / "summary.json"
+        row = dict(json.loads(result.read_text())) if result.exists() else {}
+        if done.returncode != 0 or not written.exists():  # a failed check still writes one
+            rc = done.returncode or row.get("rc", 1)
+            raise SystemExit(f"`testbed {' '.join(argv)}` exited with {rc}, no run")
+        summary = json.loads(written.read_text())
         row["completed"] = summary["requests"]["completed"]
         row["submitted"] = summary["requests"]["submitted"]
         return row
