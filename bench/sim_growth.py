@@ -33,26 +33,26 @@ import os
 import random
 import statistics
 import struct
-import subprocess
-import sys
 import tempfile
 import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+import sim_speed
 from provenance import markdown_section  # bench/ is on sys.path
-from sim_speed import ROOT, child_env, compile_package, tiled_trace
+from sim_speed import ROOT, compile_package, tiled_trace, timed_simulate
 
 WRAPPED = {
-    "testbed.kvcache.manager:KVCacheManager": ("lookup", "insert", "record_prefill", "stats"),
+    "testbed.kvcache.manager:KVCacheManager": ("lookup", "insert", "record_prefill"),
     "testbed.kvcache.pool:HybridPrefixPool": (
         "match_blocks", "lookup", "match", "payloads", "insert", "reserve_transfer",
-        "release_transfer", "stats",
+        "release_transfer",
     ),
     "testbed.kvcache.pool:ChainKeys": ("__init__", "leading", "first"),
 }  # fmt: skip
-"""The prefix cache's entry points timed in the child (outermost call only)."""
+"""The prefix cache's entry points timed in the child (outermost call only): the work of a
+simulation, not the counters the summary reads afterwards (`stats`)."""
 
 
 def child(spec_path: str) -> int:
@@ -92,25 +92,14 @@ def child(spec_path: str) -> int:
         pools.append(self)
 
     HybridPrefixPool.__init__ = register  # type: ignore[method-assign]
-    import testbed.scenario.sim_run as sim_run
-
-    simulate, cpu = sim_run.simulate, [0.0]
-
-    def simulated(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.process_time()
-        try:
-            return simulate(*args, **kwargs)
-        finally:
-            cpu[0] += time.process_time() - t0
-
-    sim_run.simulate = simulated
+    cpu = timed_simulate()
     from testbed.cli import main as cli
 
     rc = cli(spec["argv"])
     held = [p.stats() for p in pools]
     result = {
         "rc": rc,
-        "simulate_s": cpu[0],
+        "simulate_cpu_s": sum(cpu),
         "cache_s": spent[0] / 1e9,
         "cache_calls": calls[0],
         "held": [s.blocks + s.states for s in held],
@@ -122,31 +111,16 @@ def child(spec_path: str) -> int:
 
 
 def one_run(args: argparse.Namespace, trace: Path, times: int, policy: str) -> dict[str, Any]:
-    """One child run of `testbed run` on `times` copies of the trace under `policy`."""
+    """One child run of `testbed run` on `times` copies of the trace under `policy`
+    (bench/sim_speed.py's `one_run`, with this script's child)."""
+    argv = ["run", args.run_scenario, "--substrate", "sim", "--quiet", "--no-timeline",
+            "--duration", str(args.duration * times), "--trace", str(trace),
+            "--policy", policy]  # fmt: skip
+    for s in args.set or []:
+        argv += ["--set", s]
     with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        argv = ["run", args.run_scenario, "--substrate", "sim", "--quiet", "--no-timeline",
-                "--duration", str(args.duration * times), "--trace", str(trace),
-                "--policy", policy, "--out", str(tmp / "out")]  # fmt: skip
-        for s in args.set or []:
-            argv += ["--set", s]
-        spec, result = tmp / "spec.json", tmp / "result.json"
-        spec.write_text(json.dumps({"argv": argv, "result": str(result)}))
         cpu = args.cpu if args.cpu >= 0 else None
-        done = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), "--child", str(spec)],
-            cwd=ROOT, env=child_env(ROOT), stdout=subprocess.DEVNULL,
-            preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None,
-        )  # fmt: skip
-        written = tmp / "out" / "summary.json"
-        row = dict(json.loads(result.read_text())) if result.exists() else {}
-        if done.returncode != 0 or not written.exists():  # a failed check still writes one
-            rc = done.returncode or row.get("rc", 1)
-            raise SystemExit(f"`testbed {' '.join(argv)}` exited with {rc}, no run")
-        summary = json.loads(written.read_text())
-        row["completed"] = summary["requests"]["completed"]
-        row["submitted"] = summary["requests"]["submitted"]
-        return row
+        return sim_speed.one_run(ROOT, argv, cpu, Path(d), script=Path(__file__).resolve())
 
 
 def probe_ns(entries: int, probes: int = 100_000, rounds: int = 5) -> float:
@@ -167,23 +141,23 @@ def probe_ns(entries: int, probes: int = 100_000, rounds: int = 5) -> float:
 
 def table(runs: dict[tuple[str, int], list[dict[str, Any]]], times: int) -> str:
     """The medians per policy and copies, then each policy's xN / x1 growth."""
-    med = {k: {f: statistics.median(r[f] for r in rs) for f in ("simulate_s", "cache_s",
+    med = {k: {f: statistics.median(r[f] for r in rs) for f in ("simulate_cpu_s", "cache_s",
                "added", "evictions", "cache_calls")} for k, rs in runs.items()}  # fmt: skip
     out = ["| policy | copies | requests completed | simulate, CPU s | prefix cache, s | rest, s "
            "| cache calls | entries taken in | evictions | largest pool at the end |",
            "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for (policy, n), m in med.items():
         first = runs[(policy, n)][0]
-        held, done = max(first["held"]), f"{first['completed']:,} of {first['submitted']:,}"
-        out.append(f"| {policy} | x{n} | {done} | {m['simulate_s']:.2f} | {m['cache_s']:.2f} | "
-                   f"{m['simulate_s'] - m['cache_s']:.2f} | {m['cache_calls']:,.0f} | "
+        held, done = max(first["held"]), f"{first['completed']:,} of {first['requests']:,}"
+        out.append(f"| {policy} | x{n} | {done} | {m['simulate_cpu_s']:.2f} | {m['cache_s']:.2f} | "
+                   f"{m['simulate_cpu_s'] - m['cache_s']:.2f} | {m['cache_calls']:,.0f} | "
                    f"{m['added']:,.0f} | {m['evictions']:,.0f} | {held:,} |")  # fmt: skip
     out += ["", f"| policy | simulate x{times} / x1 | prefix cache | rest | entries taken in |",
             "|---|---|---|---|---|"]  # fmt: skip
     for policy in dict.fromkeys(p for p, _ in med):
         a, b = med[(policy, 1)], med[(policy, times)]
-        rest = (b["simulate_s"] - b["cache_s"]) / (a["simulate_s"] - a["cache_s"])
-        out.append(f"| {policy} | {b['simulate_s'] / a['simulate_s']:.2f}x | "
+        rest = (b["simulate_cpu_s"] - b["cache_s"]) / (a["simulate_cpu_s"] - a["cache_s"])
+        out.append(f"| {policy} | {b['simulate_cpu_s'] / a['simulate_cpu_s']:.2f}x | "
                    f"{b['cache_s'] / a['cache_s']:.2f}x | {rest:.2f}x | "
                    f"{b['added'] / a['added']:.2f}x |")  # fmt: skip
     return "\n".join(out) + "\n"
@@ -224,8 +198,9 @@ def main() -> int:
                 for n, trace in traces.items():
                     row = one_run(args, trace, n, policy)
                     runs.setdefault((policy, n), []).append(row)
-                    print(f"run {r} {policy:16} x{n:<3} simulate {row['simulate_s']:6.2f} CPU s, "
-                          f"prefix cache {row['cache_s']:5.2f} s", flush=True)  # fmt: skip
+                    sim, cache = row["simulate_cpu_s"], row["cache_s"]
+                    print(f"run {r} {policy:16} x{n:<3} simulate {sim:6.2f} CPU s, "
+                          f"prefix cache {cache:5.2f} s", flush=True)  # fmt: skip
     text = table(runs, args.times)
     sizes = sorted({max(rs[0]["held"]) for rs in runs.values()})
     text += "\n| OrderedDict of 16-byte keys, entries | ns per membership test (random) |\n"

@@ -65,9 +65,9 @@ def _dump(reason: str) -> None:
                    check=True, capture_output=True)  # fmt: skip
 
 
-def child(spec_path: str) -> int:
-    """Run the command in this process with the simulate call timed (the `--child` mode)."""
-    spec = json.loads(Path(spec_path).read_text())
+def timed_simulate() -> list[float]:
+    """Time every simulate call of this process in process CPU seconds, appended to the list
+    returned (and, under `--instructions`, ask callgrind for a dump around each)."""
     import testbed.scenario.sim_run as sim_run
 
     simulate = sim_run.simulate
@@ -86,6 +86,13 @@ def child(spec_path: str) -> int:
                 _dump(SIMULATED)
 
     sim_run.simulate = timed
+    return cpu
+
+
+def child(spec_path: str) -> int:
+    """Run the command in this process with the simulate call timed (the `--child` mode)."""
+    spec = json.loads(Path(spec_path).read_text())
+    cpu = timed_simulate()
     from testbed.cli import main as cli
 
     rc = cli(spec["argv"])
@@ -156,8 +163,16 @@ def simulated_instructions(dumps: list[str]) -> float:
 
 
 def one_run(
-    src: Path, argv: list[str], cpu: int | None, tmp: Path, instructions: bool = False
-) -> dict[str, float]:
+    src: Path,
+    argv: list[str],
+    cpu: int | None,
+    tmp: Path,
+    instructions: bool = False,
+    script: Path = ROOT / "bench/sim_speed.py",
+) -> dict[str, Any]:
+    """One child run of `testbed ARGV --out TMP/out`: `script --child SPEC` in checkout `src`,
+    pinned to core `cpu`. The row holds the figures below, plus whatever else the child wrote
+    to its result file (bench/sim_growth.py's child writes its cache figures there)."""
     spec = tmp / "spec.json"
     result = tmp / "result.json"
     spec.write_text(json.dumps({"argv": [*argv, "--out", str(tmp / "out")], "result": str(result)}))
@@ -174,7 +189,7 @@ def one_run(
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(
-        [*valgrind, sys.executable, str(ROOT / "bench/sim_speed.py"), "--child", str(spec)],
+        [*valgrind, sys.executable, str(script), "--child", str(spec)],
         cwd=src, env=env, stdout=subprocess.DEVNULL, preexec_fn=pin,
         stderr=subprocess.PIPE if instructions else None, text=True,
     )  # fmt: skip
@@ -191,8 +206,10 @@ def one_run(
         "command_cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
         "simulate_wall_s": summary["wall"]["simulate_s"],
         "requests": summary["requests"]["submitted"],
+        "completed": summary["requests"]["completed"],
         "failed": summary["requests"]["failed"],
     }
+    row.update({k: v for k, v in out.items() if k not in row and k != "rc"})
     if instructions:
         counted = COLLECTED.findall(done.stderr)
         if not counted:

@@ -385,8 +385,9 @@ class SplitSearch:
             elif isinstance(lengths, EmpiricalLengths) and len(thresholds) > 1:
                 # Thresholds of equal rank (no length between them) split the workload alike,
                 # so their pairs are equal and only the first can be the first best one: one
-                # threshold per rank is kept before any pair is computed (the choice the
-                # comparison below makes, on a grid a tenth the size for a 30 s window).
+                # threshold per rank is kept before any pair is computed (what the value
+                # comparison of the other branch keeps, found before splitting: a 30 s
+                # window's grid is a tenth the size).
                 k = lengths.ranks(thresholds)
                 first = np.empty(len(k), dtype=bool)
                 first[0] = True
