@@ -185,8 +185,10 @@ def routed_length(view: RequestView, cache_aware: bool, scarce: bool) -> int:
     so the t it plans fits the lengths the routing really sees."""
     if not cache_aware:
         return view.input_tokens
-    cached = view.cached_local if scarce else max(view.cached_local, view.cached_prfaas)
-    return max(1, view.input_tokens - cached)
+    local, prfaas = view.cached_local, view.cached_prfaas
+    cached = prfaas if not scarce and prfaas > local else local  # max() without the call
+    uncached = view.input_tokens - cached
+    return uncached if uncached > 1 else 1
 
 
 def begin_attempt(

@@ -137,13 +137,15 @@ class CostModel:
         """T_prefill of `tokens` uncached tokens on `cluster`'s hardware (KeyError if none)."""
         if tokens <= 0:
             return 0.0
-        return max(self._prefill[cluster](tokens), 0.0)
+        s = self._prefill[cluster](tokens)
+        return 0.0 if s < 0.0 else s  # max(s, 0.0) without the call (several per decision)
 
     def kv_bytes(self, tokens: float) -> float:
         """S_kv of `tokens` input tokens."""
         if tokens <= 0:
             return 0.0
-        return max(self._kv(tokens), self.kv_state_bytes)
+        b, state = self._kv(tokens), self.kv_state_bytes
+        return state if state > b else b  # max(b, state) without the call
 
 
 class LoadIndex(Protocol):

@@ -27,6 +27,7 @@ scenario's `policy.predict`), their reasons in docs/scheduler.md.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
@@ -135,9 +136,17 @@ def link_rate(link: LinkView, config: PredictConfig, floor: float = 0.0) -> floa
     if bw is None:
         return None
     delivered = link.delivered_bps
-    if delivered and delivered > 0 and (link.in_flight_bytes or 0.0) > delivered * config.backlog_s:
-        bw = min(bw, delivered)
-    bw = max(bw, floor)
+    # min() and max() written out, here and in `predict`: the builtins' calls cost more than
+    # the arithmetic, a few times per decision
+    if (
+        delivered
+        and delivered > 0
+        and (link.in_flight_bytes or 0.0) > delivered * config.backlog_s
+        and delivered < bw
+    ):
+        bw = delivered
+    if floor > bw:
+        bw = floor
     return bw * config.link_headroom if bw > 0 else None
 
 
@@ -160,12 +169,12 @@ def predict(
     least bandwidth to believe in (`link_rate`); `n_local`, `n_prfaas`: prefill instances in
     each cluster (the busy shares); `nominal_bps`: the link's nominal rate (the highest
     estimate seen), which the busy share uses when `busy_rate` is "nominal"."""
-    inf = float("inf")
+    inf = math.inf
     bw = link_rate(link, config, floor_bps)
     rtt = link.rtt_s or 0.0
     ahead = link.in_flight_bytes or 0.0
-    if config.count_queued_kv:
-        ahead = max(ahead, pending_kv)
+    if config.count_queued_kv and pending_kv > ahead:
+        ahead = pending_kv
     # Counted whole although the link shares its rate among transfers (a short KV passes a long
     # one): a transfer also slows every other one by its own size, so charging the backlog to
     # each newcomer keeps short prompts off a narrow link (tried: charging at most n x its own
@@ -176,8 +185,9 @@ def predict(
     t_local = busy_local = inf
     pull = 0
     if local is not None:
+        shares = n_local if n_local >= 1 else 1
         own = costs.prefill_s("local", tokens - cached_local)
-        t_local, busy_local = local.queue_wait_s + own, own / max(n_local, 1)
+        t_local, busy_local = local.queue_wait_s + own, own / shares
         extra = cached_prfaas - cached_local
         if config.pull_prefixes and extra > 0 and bw is not None and not link.scarce:
             # the paper's cache-aware rule on an abundant link, as a third option: pull the
@@ -185,7 +195,7 @@ def predict(
             rest = costs.prefill_s("local", tokens - cached_prfaas)
             t_pull = (ahead + costs.kv_bytes(extra)) / bw + rtt + local.queue_wait_s + rest
             if t_pull < t_local:
-                t_local, busy_local, pull = t_pull, rest / max(n_local, 1), extra
+                t_local, busy_local, pull = t_pull, rest / shares, extra
     t_prfaas = busy_prfaas = inf
     if prfaas is not None and bw is not None:
         compute = costs.prefill_s("prfaas", tokens - cached_prfaas)
@@ -194,12 +204,14 @@ def predict(
         kv = costs.kv_bytes(tokens - cached_local)
         # KV leaves layer by layer during the prefill: the link part only adds where it
         # outlasts the prefill
-        t_prfaas = max(prefill_done, (ahead + kv) / bw) + rtt
+        link_done = (ahead + kv) / bw
+        t_prfaas = (link_done if link_done > prefill_done else prefill_done) + rtt
         # what the KV costs the requests after it: a narrowed link's backlog clears at the
         # nominal rate once the link heals, while a PD-P queue at capacity never clears
         # (docs/scheduler.md, "Triage")
         busy_bw = nominal_bps if config.busy_rate == "nominal" and nominal_bps > 0 else bw
-        busy_prfaas = max(compute / max(n_prfaas, 1), kv / busy_bw)
+        busy_compute, busy_link = compute / (n_prfaas if n_prfaas >= 1 else 1), kv / busy_bw
+        busy_prfaas = busy_link if busy_link > busy_compute else busy_compute
     return Prediction(t_local, t_prfaas, busy_local, busy_prfaas, pull)
 
 
@@ -253,31 +265,31 @@ class PrfaasPredict:
         per cluster, brought up to date at most every `recount_s` of snapshot time from the
         instances that changed since (`Snapshot.changed_since`: the load book walks only those,
         so a decision never scans the deployment); the KV this policy sends to PrfaaS in
-        between is added as it goes."""
-        if self._count_at <= snapshot.now < self._count_at + self.knobs.recount_s:
-            return
+        between is added as it goes. `decide` calls it once `recount_s` has passed."""
         self._count_at = snapshot.now
         if snapshot.version <= 0 or snapshot.version < self._version:
             # a hand-made snapshot (it lists every instance) or another book: start over
             self._version, self._kv_of, self._ok_of, self._kv_sum = 0, {}, {}, 0.0
             self._n = {"local": 0, "prfaas": 0}
-        n = self._n
+        n, kv_of, ok_of, kv_sum = self._n, self._kv_of, self._ok_of, self._kv_sum
         for i in snapshot.changed_since(self._version):
+            iid, prefill = i.id, i.role == "prefill"
             kv = 0.0
-            if i.cluster == "prfaas" and i.role == "prefill" and i.outstanding:
+            if prefill and i.outstanding and i.cluster == "prfaas":
                 # per request: S_kv is near linear, so the mean length stands for each
                 kv = i.outstanding * costs.kv_bytes(i.outstanding_work / i.outstanding)
-            self._kv_sum += kv - self._kv_of.get(i.id, 0.0)
-            self._kv_of[i.id] = kv
-            was = self._ok_of.get(i.id)
-            now = i.cluster if i.role == "prefill" and i.state == "ok" else None
+            kv_sum += kv - kv_of.get(iid, 0.0)
+            kv_of[iid] = kv
+            was = ok_of.get(iid)
+            now = i.cluster if prefill and i.state == "ok" else None
             if was is not None:
                 n[was] -= 1
             if now is not None:
                 n[now] += 1
-            self._ok_of[i.id] = now
+            ok_of[iid] = now
+        self._kv_sum = kv_sum
         self._version = snapshot.version
-        self._pending_kv = max(self._kv_sum, 0.0)
+        self._pending_kv = max(kv_sum, 0.0)
 
     def decide(self, request: RequestView, snapshot: Snapshot) -> Route:
         decode = _lookup(snapshot, "local", "decode")
@@ -289,32 +301,35 @@ class PrfaasPredict:
             raise LookupError("no prefill instance")
         t = snapshot.threshold_tokens
         costs, link = snapshot.costs, snapshot.link
-        stale = (
+        bw = None if link is None else link.bandwidth_bps
+        if (
             costs is None
             or link is None
-            or link.bandwidth_bps is None
-            or (local is not None and not _ok(local))
-            or (prfaas is not None and not _ok(prfaas))
-            or not _ok(decode)
-        )
-        if stale or local is None or prfaas is None:
+            or bw is None
+            or local is None
+            or prfaas is None
+            or local.state != "ok"
+            or prfaas.state != "ok"
+            or decode.state != "ok"
+        ):  # stale (see the module docstring), or one cluster has no instance
             self.guarded += 1
             return self._guard(request, local, prfaas, decode, t)
-        assert costs is not None and link is not None and link.bandwidth_bps is not None
-        self._peak_bps = max(self._peak_bps, link.bandwidth_bps)
-        self._recount(snapshot, costs)
-        pending = self._pending_kv if self.knobs.count_queued_kv else 0.0
-        floor = self.knobs.min_bandwidth_share * self._peak_bps
+        knobs = self.knobs
+        if bw > self._peak_bps:
+            self._peak_bps = bw
+        peak = self._peak_bps
+        if not self._count_at <= snapshot.now < self._count_at + knobs.recount_s:
+            self._recount(snapshot, costs)
+        pending = self._pending_kv if knobs.count_queued_kv else 0.0
         n = self._n
-        p = predict(request, local, prfaas, costs, link, self.knobs, pending, floor,
-                    n["local"], n["prfaas"], self._peak_bps)  # fmt: skip
+        p = predict(request, local, prfaas, costs, link, knobs, pending,
+                    knobs.min_bandwidth_share * peak, n["local"], n["prfaas"], peak)  # fmt: skip
         self.predicted += 1
         self.last = p
         uncached_local = request.input_tokens - request.cached_local
-        reserve = self.knobs.local_reserve
+        reserve = knobs.local_reserve
         long_request = reserve is not None and t is not None and uncached_local > reserve * t
-        narrowed = link.bandwidth_bps < NARROWED * self._peak_bps
-        cluster = self.choose(p, narrowed=narrowed, long_request=long_request)
+        cluster = self.choose(p, bw < NARROWED * peak, long_request)
         if cluster == "prfaas":
             self._pending_kv += costs.kv_bytes(uncached_local)
             return self._route(request, cluster, prfaas, decode, t)
@@ -335,7 +350,7 @@ class PrfaasPredict:
         w, target = self.knobs.busy_weight, self.knobs.ttft_target
         if long_request and target is not None and target < p.prfaas < float("inf"):
             return "prfaas"  # inf: no bandwidth to believe in, PrfaaS is no option
-        best = min(p.local, p.prfaas)
+        best = p.prfaas if p.prfaas < p.local else p.local  # min(), without the call
         k = None if narrowed else self.knobs.triage_weight
         if target is not None and best > target and k is not None:
             # the dial between the two: how many seconds of its own first token a late request
