@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+from bisect import bisect_left
 from collections import deque
+from itertools import islice
+from operator import itemgetter
 from typing import TypeVar
 
 from testbed.clock import Clock, Scale
@@ -46,15 +49,15 @@ T = TypeVar("T")
 
 def _tail_since(entries: deque[tuple[float, T]], cutoff: float) -> list[T]:
     """The values of the (time, value) entries at or after `cutoff`, in order, for entries
-    appended in time order: walks back from the newest and stops at the first older one,
-    rather than read all MAX_OBSERVED at every re-plan."""
-    recent = []
-    for t, value in reversed(entries):
-        if t < cutoff:
-            break
-        recent.append(value)
+    appended in time order: how many there are is found by bisection, and they are copied
+    from the newest end in C, rather than read one by one in Python at every re-plan."""
+    count = len(entries) - bisect_left(entries, cutoff, key=_time)
+    recent = list(map(_value, islice(reversed(entries), count)))
     recent.reverse()
     return recent
+
+
+_time, _value = itemgetter(0), itemgetter(1)
 
 
 class ControlLoops:
@@ -234,7 +237,8 @@ class ControlLoops:
             state.link_in_flight = sample.inflight_bytes
             state.link_delivered = self.estimator.delivered
             self.estimates.append((sample.t, estimate))
-            self.pressure_samples.append(self.pressure())
+            pressure, (w_prfaas, w_local) = self.stage_loads()
+            self.pressure_samples.append(pressure)
             if not any(cluster.healthy[i.id] for i in senders):
                 continue
             if sample.t - last_refresh >= self.window:
@@ -247,7 +251,6 @@ class ControlLoops:
             else:  # nothing to plan: no thread for an unchanged decision
                 decision = ctl.update(sample.t, estimate)
                 why = "bandwidth moved"
-            w_prfaas, w_local = self.waits()
             if self.balance is not None:
                 self.balance.update(w_prfaas, w_local)
             self.apply(decision.threshold_tokens, decision.scarce)
@@ -278,7 +281,18 @@ class ControlLoops:
         """Expected prefill wait (real seconds) of a new request on each route: the least
         loaded prefill instance's outstanding requests x the profile's prefill time of their
         mean length. PrfaaS requests stay outstanding until their KV is acknowledged, so a
-        queue on the link shows here too. (One pass over the instances, every tick.)"""
+        queue on the link shows here too."""
+        return self.stage_loads()[1]
+
+    # ------------------------------------------------------------------ long-term loop
+
+    def pressure(self) -> StagePressure:
+        """Each stage's outstanding work per instance (`StagePressure`), now."""
+        return self.stage_loads()[0]
+
+    def stage_loads(self) -> tuple[StagePressure, tuple[float, float]]:
+        """`pressure()` and `waits()` (PrfaaS, then PD-P) in one pass over the instances in
+        rotation: the short-term loop reads both every tick."""
         cluster, dep, prefill_time = self.cluster, self.dep, self.model.prefill_time
         healthy, draining = cluster.healthy, self.state.draining
         outstanding, work = cluster.outstanding, cluster.work
@@ -287,40 +301,29 @@ class ControlLoops:
             "local": dep.local.hardware,
         }
         least: dict[str, float] = {}
-        for i in cluster.instances.values():
-            iid, name = i.id, i.cluster
-            if i.role != "prefill" or name not in hardware:
-                continue
-            if not healthy[iid] or iid in draining:
-                continue
-            n = outstanding[iid]
-            wait = n * prefill_time(hardware[name], work[iid] / n) if n else 0.0
-            best = least.get(name)
-            if best is None or wait < best:  # min(): the first of equal waits
-                least[name] = wait
-        return least.get("prfaas", math.inf), least.get("local", math.inf)
-
-    # ------------------------------------------------------------------ long-term loop
-
-    def pressure(self) -> StagePressure:
-        cluster = self.cluster
-        healthy, draining, outstanding = cluster.healthy, self.state.draining, cluster.outstanding
         n_pre = n_dec = sum_pre = sum_dec = 0
         for i in cluster.instances.values():
             iid = i.id
             if not healthy[iid] or iid in draining:
                 continue
-            role = i.role
+            role, n = i.role, outstanding[iid]
             if role == "prefill":
                 n_pre += 1
-                sum_pre += outstanding[iid]
+                sum_pre += n
+                name = i.cluster
+                if name in hardware:
+                    wait = n * prefill_time(hardware[name], work[iid] / n) if n else 0.0
+                    best = least.get(name)
+                    if best is None or wait < best:  # min(): the first of equal waits
+                        least[name] = wait
             elif role == "decode":
                 n_dec += 1
-                sum_dec += outstanding[iid]
-        return StagePressure(
-            prefill=sum_pre / n_pre if n_pre else float("inf"),
-            decode=sum_dec / (n_dec * self.bs_max) if n_dec else float("inf"),
+                sum_dec += n
+        pressure = StagePressure(
+            prefill=sum_pre / n_pre if n_pre else math.inf,
+            decode=sum_dec / (n_dec * self.bs_max) if n_dec else math.inf,
         )
+        return pressure, (least.get("prfaas", math.inf), least.get("local", math.inf))
 
     async def run_long_term(self) -> None:
         """Every `interval`, ask the long-term controller whether the PD split should change;

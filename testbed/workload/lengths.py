@@ -113,7 +113,7 @@ class EmpiricalLengths:
 
     @classmethod
     def of(cls, lengths: Sequence[float]) -> EmpiricalLengths:
-        return cls(tuple(float(x) for x in lengths))
+        return cls(tuple(map(float, lengths)))
 
     @property
     def bounds(self) -> tuple[float, float]:
