@@ -235,8 +235,9 @@ def main() -> int:
                else f"medians of {args.repeat} runs pinned to core {args.cpu}")  # fmt: skip
         trace = f", trace {args.trace.name}" if args.trace else ""
         setup = f"{args.scenario} on the sim substrate, its seed{trace}; {how}"
-        name = "cost_split-instructions" if args.instructions else "cost_split-cpu"
-        markdown_section(args.report, name, "Where each policy's simulation goes",
+        name, unit = (("cost_split-instructions", "instructions") if args.instructions
+                      else ("cost_split-cpu", "CPU seconds"))  # fmt: skip
+        markdown_section(args.report, name, f"Where each policy's simulation goes, in {unit}",
                          load_before, setup, text)  # fmt: skip
     diverged = [p for p, res in results.items() if not all(res["same"].values())]
     if diverged:  # its parts would be another run's: said, and the exit status says so too
