@@ -14,7 +14,8 @@ script splits each policy's simulation into parts by replaying its routes:
 Every replay must write the run's requests.jsonl byte for byte, so it simulates the same events
 (the "same run" column says whether it did). The parts: routes = (2); short-term loop =
 (3) - (2); long-term loop = (4) - (3); decisions = (1) - the last replay, i.e. the policy's
-`decide` and its snapshot and lookups, beyond a dict lookup.
+`decide` and its snapshot and lookups, beyond a dict lookup. (A policy that reads the link
+without re-planning, `link_view`, has the link sampling it asks for counted in its decisions.)
 
     python bench/sim_cost_split.py --trace ../shared/traces/mooncake_synthetic_trace.jsonl \\
         [--policy prfaas-static --policy prfaas ...] [--repeat 3] [--instructions] \\
