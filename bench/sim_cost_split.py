@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 
 import sim_speed
 from provenance import markdown_section  # bench/ is on sys.path
-from sim_speed import ROOT, compile_package, timed_simulate
+from sim_speed import ROOT, compile_package, scenario_for_runs, timed_simulate
 
 ROUTES = "SIM_COST_SPLIT_ROUTES"
 """The child's environment: the requests.jsonl whose routes the replay gives."""
@@ -217,10 +217,7 @@ def main() -> int:
         ap.error(f"--trace {args.trace}: no such file")
     if args.instructions and not (shutil.which("valgrind") and shutil.which("callgrind_control")):
         ap.error("--instructions needs valgrind and callgrind_control (Debian: valgrind)")
-    given = Path(args.scenario)  # the runs' working directory is the checkout's
-    args.run_scenario = str(given.absolute() if given.is_file() else ROOT / given)
-    if not Path(args.run_scenario).is_file():
-        args.run_scenario = args.scenario  # a library name
+    args.run_scenario = scenario_for_runs(args.scenario)
     policies = args.policy or ["prfaas-static", "prfaas", "prfaas-predict"]
     load_before = os.getloadavg()
     compile_package(ROOT)

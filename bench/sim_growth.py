@@ -41,7 +41,7 @@ from typing import Any
 
 import sim_speed
 from provenance import markdown_section  # bench/ is on sys.path
-from sim_speed import ROOT, compile_package, tiled_trace, timed_simulate
+from sim_speed import ROOT, compile_package, scenario_for_runs, tiled_trace, timed_simulate
 
 WRAPPED = {
     "testbed.kvcache.manager:KVCacheManager": ("lookup", "insert", "record_prefill"),
@@ -183,10 +183,7 @@ def main() -> int:
         ap.error("--times must be at least 2 and --repeat at least 1")
     if args.trace is None or not args.trace.is_file():
         ap.error(f"--trace {args.trace}: no such file")
-    given = Path(args.scenario)  # the runs' working directory is the checkout's
-    args.run_scenario = str(given.absolute() if given.is_file() else ROOT / given)
-    if not Path(args.run_scenario).is_file():
-        args.run_scenario = args.scenario  # a library name
+    args.run_scenario = scenario_for_runs(args.scenario)
     policies = args.policy or ["prfaas-static", "prfaas", "prfaas-predict"]
     load_before = os.getloadavg()
     compile_package(ROOT)

@@ -139,6 +139,15 @@ def child_env(src: Path) -> dict[str, str]:
     return env
 
 
+def scenario_for_runs(scenario: str) -> str:
+    """`scenario` as the runs see it from the checkout they run in (their working directory):
+    a file given relative to here made absolute, a path inside the checkout kept, a library
+    name as it is."""
+    given = Path(scenario)
+    found = str(given.absolute() if given.is_file() else ROOT / given)
+    return found if Path(found).is_file() else scenario
+
+
 def compile_package(src: Path) -> None:
     """Compile `src`'s package once before the runs (what the first run would do)."""
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(src / "testbed")],
