@@ -40,7 +40,14 @@ from typing import Any, ClassVar
 
 import sim_speed
 from provenance import markdown_section  # bench/ is on sys.path
-from sim_speed import ROOT, compile_package, scenario_for_runs, timed_simulate
+from sim_speed import (
+    ROOT,
+    add_trace_options,
+    compile_package,
+    run_argv,
+    scenario_for_runs,
+    timed_simulate,
+)
 
 ROUTES = "SIM_COST_SPLIT_ROUTES"
 """The child's environment: the requests.jsonl whose routes the replay gives."""
@@ -104,19 +111,20 @@ def child(spec_path: str) -> int:
     return 0
 
 
-def one_run(args: argparse.Namespace, policy: str, keep: Path | None = None) -> dict[str, Any]:
+def one_run(
+    args: argparse.Namespace,
+    policy: str,
+    keep: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """One child run of `testbed run` under `policy` (bench/sim_speed.py's `one_run`, with this
-    script's child); `keep`: copy its requests.jsonl there."""
-    argv = ["run", args.run_scenario, "--substrate", "sim", "--quiet", "--no-timeline",
-            "--duration", str(args.duration), "--policy", policy]  # fmt: skip
-    if args.trace is not None:
-        argv += ["--trace", str(args.trace)]
-    for s in args.set or []:
-        argv += ["--set", s]
+    script's child and `env` added to its environment); `keep`: copy its requests.jsonl
+    there."""
+    argv = run_argv(args.run_scenario, args.duration, args.trace, policy, args.set)
     with tempfile.TemporaryDirectory() as d:
         cpu = args.cpu if args.cpu >= 0 else None
         row = sim_speed.one_run(ROOT, argv, cpu, Path(d), args.instructions,
-                                script=Path(__file__).resolve())  # fmt: skip
+                                script=Path(__file__).resolve(), env=env)  # fmt: skip
         if keep is not None:
             keep.write_bytes((Path(d) / "out" / "requests.jsonl").read_bytes())
     return row
@@ -146,12 +154,7 @@ def measure(args: argparse.Namespace, policy: str, tmp: Path) -> dict[str, Any]:
         runs.setdefault("run", []).append(row[unit])
         digest = row["requests_sha256"]
         for part, loops in variants(policy):
-            os.environ.update({ROUTES: str(routes), OF: policy, LOOPS: loops})
-            try:
-                replayed = one_run(args, REPLAY)
-            finally:
-                for key in (ROUTES, OF, LOOPS):
-                    os.environ.pop(key, None)
+            replayed = one_run(args, REPLAY, env={ROUTES: str(routes), OF: policy, LOOPS: loops})
             runs.setdefault(part, []).append(replayed[unit])
             same[part] = same.get(part, True) and replayed["requests_sha256"] == digest
         print(f"run {r} {policy:16} " + ", ".join(f"{k} {v[-1]:.4g}" for k, v in runs.items()),
@@ -193,21 +196,12 @@ def table(results: dict[str, dict[str, Any]], instructions: bool) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scenario", default="scenarios/mooncake-trace.yaml")
-    ap.add_argument("--trace", type=Path, help="a Mooncake JSONL trace to replay")
-    ap.add_argument("--duration", type=float, default=1100.0, help="seconds")
-    ap.add_argument("--policy", action="append", help="policy to split (repeatable)")
-    ap.add_argument("--set", action="append", default=["workload.arrivals.load=null"],
-                    help="PATH=VALUE, as testbed run's (repeatable)")  # fmt: skip
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--cpu", type=int, default=1, help="core to pin the runs to (-1: none)")
+    add_trace_options(ap, "policy to split (repeatable)")
     ap.add_argument(
         "--instructions",
         action="store_true",
         help="count instructions under valgrind's callgrind instead of CPU seconds",
     )
-    ap.add_argument("--report", type=Path, help="write the figures as markdown here")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child(args.child)

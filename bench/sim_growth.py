@@ -41,7 +41,15 @@ from typing import Any
 
 import sim_speed
 from provenance import markdown_section  # bench/ is on sys.path
-from sim_speed import ROOT, compile_package, scenario_for_runs, tiled_trace, timed_simulate
+from sim_speed import (
+    ROOT,
+    add_trace_options,
+    compile_package,
+    run_argv,
+    scenario_for_runs,
+    tiled_trace,
+    timed_simulate,
+)
 
 WRAPPED = {
     "testbed.kvcache.manager:KVCacheManager": ("lookup", "insert", "record_prefill"),
@@ -113,11 +121,7 @@ def child(spec_path: str) -> int:
 def one_run(args: argparse.Namespace, trace: Path, times: int, policy: str) -> dict[str, Any]:
     """One child run of `testbed run` on `times` copies of the trace under `policy`
     (bench/sim_speed.py's `one_run`, with this script's child)."""
-    argv = ["run", args.run_scenario, "--substrate", "sim", "--quiet", "--no-timeline",
-            "--duration", str(args.duration * times), "--trace", str(trace),
-            "--policy", policy]  # fmt: skip
-    for s in args.set or []:
-        argv += ["--set", s]
+    argv = run_argv(args.run_scenario, args.duration * times, trace, policy, args.set)
     with tempfile.TemporaryDirectory() as d:
         cpu = args.cpu if args.cpu >= 0 else None
         return sim_speed.one_run(ROOT, argv, cpu, Path(d), script=Path(__file__).resolve())
@@ -165,17 +169,8 @@ def table(runs: dict[tuple[str, int], list[dict[str, Any]]], times: int) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scenario", default="scenarios/mooncake-trace.yaml")
-    ap.add_argument("--trace", type=Path, help="a Mooncake JSONL trace (required)")
-    ap.add_argument("--duration", type=float, default=1100.0, help="seconds of one copy")
+    add_trace_options(ap, "policy to run (repeatable)")
     ap.add_argument("--times", type=int, default=10, help="copies of the trace (>= 2)")
-    ap.add_argument("--policy", action="append", help="policy to run (repeatable)")
-    ap.add_argument("--set", action="append", default=["workload.arrivals.load=null"],
-                    help="PATH=VALUE, as testbed run's (repeatable)")  # fmt: skip
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--cpu", type=int, default=1, help="core to pin the runs to (-1: none)")
-    ap.add_argument("--report", type=Path, help="write the figures as markdown here")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child(args.child)

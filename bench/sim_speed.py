@@ -115,18 +115,46 @@ def tiled_trace(trace: Path, times: int, out: Path) -> Path:
     return out
 
 
-def cli_args(args: argparse.Namespace, trace: Path | None, policy: str | None) -> list[str]:
-    argv = ["run", args.scenario, "--substrate", "sim", "--quiet",
-            "--duration", str(args.duration * args.times)]  # fmt: skip
+def run_argv(
+    scenario: str,
+    duration: float,
+    trace: Path | None,
+    policy: str | None,
+    sets: list[str] | None,
+    no_timeline: bool = True,
+) -> list[str]:
+    """`testbed run`'s arguments for one sim run (the runs of this script and of the scripts
+    that use its `one_run`)."""
+    argv = ["run", scenario, "--substrate", "sim", "--quiet", "--duration", str(duration)]
     if trace is not None:
         argv += ["--trace", str(trace)]
     if policy is not None:
         argv += ["--policy", policy]
-    for s in args.set or []:
+    for s in sets or []:
         argv += ["--set", s]
-    if args.no_timeline:
+    if no_timeline:
         argv.append("--no-timeline")
     return argv
+
+
+def cli_args(args: argparse.Namespace, trace: Path | None, policy: str | None) -> list[str]:
+    return run_argv(args.scenario, args.duration * args.times, trace, policy, args.set,
+                    args.no_timeline)  # fmt: skip
+
+
+def add_trace_options(ap: argparse.ArgumentParser, policy_help: str) -> None:
+    """The options bench/sim_growth.py and bench/sim_cost_split.py share: a trace on
+    scenarios/mooncake-trace.yaml at its own arrival times, runs pinned to one core."""
+    ap.add_argument("--scenario", default="scenarios/mooncake-trace.yaml")
+    ap.add_argument("--trace", type=Path, help="a Mooncake JSONL trace to replay")
+    ap.add_argument("--duration", type=float, default=1100.0, help="seconds (of one copy)")
+    ap.add_argument("--policy", action="append", help=policy_help)
+    ap.add_argument("--set", action="append", default=["workload.arrivals.load=null"],
+                    help="PATH=VALUE, as testbed run's (repeatable)")  # fmt: skip
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--cpu", type=int, default=1, help="core to pin the runs to (-1: none)")
+    ap.add_argument("--report", type=Path, help="write the figures as markdown here")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
 
 
 def child_env(src: Path) -> dict[str, str]:
@@ -178,14 +206,16 @@ def one_run(
     tmp: Path,
     instructions: bool = False,
     script: Path = ROOT / "bench/sim_speed.py",
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One child run of `testbed ARGV --out TMP/out`: `script --child SPEC` in checkout `src`,
-    pinned to core `cpu`. The row holds the figures below, plus whatever else the child wrote
-    to its result file (bench/sim_growth.py's child writes its cache figures there)."""
+    pinned to core `cpu`, with `env` added to its environment. The row holds the figures
+    below, plus whatever else the child wrote to its result file (bench/sim_growth.py's child
+    writes its cache figures there)."""
     spec = tmp / "spec.json"
     result = tmp / "result.json"
     spec.write_text(json.dumps({"argv": [*argv, "--out", str(tmp / "out")], "result": str(result)}))
-    env = child_env(src)
+    env = {**child_env(src), **(env or {})}
     valgrind: list[str] = []
     if instructions:
         env["PYTHONHASHSEED"] = "0"
