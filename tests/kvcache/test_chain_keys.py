@@ -9,9 +9,10 @@ be equal.
 
 from __future__ import annotations
 
-import hashlib
+import os
+import subprocess
+import sys
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,25 +30,37 @@ def test_keys_are_chain_keys_computed_lazily() -> None:
     assert len(keys) == 5
 
 
-def test_a_lookup_hashes_no_block_past_its_first_miss(monkeypatch: pytest.MonkeyPatch) -> None:
-    digests = 0
-    real = hashlib.blake2b
-
-    def counting(*a: object, **k: object) -> object:
-        nonlocal digests
-        digests += 1
-        return real(*a, **k)  # type: ignore[arg-type]
-
+def test_a_lookup_hashes_no_block_past_its_first_miss() -> None:
     pool = HybridPrefixPool(1e9, block_bytes=10, state_bytes=0)
     pool.insert([1, 2, 3], 3 * BLOCK_TOKENS)
-    monkeypatch.setattr(hashlib, "blake2b", counting)
     keys = ChainKeys([1, 2, 3, 4, 5, 6, 7, 8])
     assert pool.match_blocks(keys) == 3
-    assert digests == 4  # three present, the fourth missed: no further
-    assert pool.match_blocks(keys) == 3 and digests == 4  # the second call hashes nothing
+    assert len(keys.known) == 4  # three present, the fourth missed: no further
+    assert pool.match_blocks(keys) == 3 and len(keys.known) == 4  # nothing hashed again
     pool.insert(keys, 8 * BLOCK_TOKENS)
-    assert digests == 8  # the insert hashes only the blocks not hashed yet
-    assert pool.match_blocks(keys) == 8 and digests == 8
+    assert len(keys.known) == 8  # the insert hashes only the blocks not hashed yet
+    assert pool.match_blocks(keys) == 8 and len(keys.known) == 8
+
+
+def test_chain_keys_are_the_same_in_every_process() -> None:
+    """A key is Python's hash of (parent, hash id): ints are not salted, so a key does not
+    depend on PYTHONHASHSEED (a worker and a rerun agree with this process)."""
+    code = "from testbed.kvcache import chain_keys; print(chain_keys([7, 1, 2**40, -3]))"
+    seen = set()
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        seen.add(run.stdout)
+    assert seen == {f"{chain_keys([7, 1, 2**40, -3])}\n"}
+
+
+def test_siblings_never_share_a_key() -> None:
+    """Under one parent, distinct hash ids give distinct keys (the pair's hash is a bijection
+    of the second element's hash for a fixed first)."""
+    parent = chain_keys([11, 12])[-1]
+    children = {chain_keys([11, 12, h])[-1] for h in range(5_000)}
+    assert len(children) == 5_000 and parent not in children
 
 
 prompts = st.lists(
