@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -127,8 +128,10 @@ class RequestRecord:
 
     def to_json(self) -> dict[str, Any]:
         """The record as a JSON object (what dataclasses.asdict gives, field by field: its
-        deep copy cost more than the rest of a 10,000-request simulation)."""
-        doc = {name: getattr(self, name) for name in _RECORD_FIELDS}
+        deep copy cost more than the rest of a 10,000-request simulation). The fields are read
+        by one `attrgetter` and paired in C: a comprehension's getattr per field cost as much
+        as the rest of writing the record."""
+        doc = dict(zip(_RECORD_FIELDS, _read_fields(self), strict=True))
         for name in _SPARSE_FIELDS:  # later fields: a built-in policy's records stay the same
             if doc[name] is None:
                 del doc[name]
@@ -143,6 +146,7 @@ class RequestRecord:
 
 
 _RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))
+_read_fields = operator.attrgetter(*_RECORD_FIELDS)
 _SPARSE_FIELDS = ("decision_answer_s",)
 """Fields written only when set, so requests.jsonl of runs that never set them (the sim's, the
 built-in policies') is byte for byte what it was before the field existed."""
