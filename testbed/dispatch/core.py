@@ -33,7 +33,7 @@ from testbed.dispatch.rules import MAX_ATTEMPTS, REGISTER_TIMEOUT_S
 from testbed.kvcache.manager import CacheLookup, CachePlan, KVCacheManager, plan_request
 from testbed.kvcache.pool import ChainKeys
 from testbed.metrics.records import RequestRecord
-from testbed.policy.base import Cluster, CostModel, LinkView, RequestView, Route, Snapshot
+from testbed.policy.base import Cluster, CostModel, RequestView, Route, Snapshot
 from testbed.policy.book import LoadBook
 from testbed.profiles import ModelProfile
 from testbed.scheduler.state import SchedulerState
@@ -330,7 +330,7 @@ def snapshot(
 ) -> Snapshot:
     """The policy's view; `exclude` names instances or clusters this request failed on."""
     link = (
-        LinkView(
+        book.link_view(
             state.bandwidth_estimate, state.link_in_flight, state.link_delivered, rtt_s,
             state.scarce,
         )

@@ -80,6 +80,7 @@ class LoadBook:
         self._changed: dict[str, int] = {}
         """Instance id -> version of its last change, in the order of those changes."""
         self._heaps: dict[tuple[str, str], list[_Entry]] = {}
+        self._link: LinkView | None = None
         for iid in self.entries:
             self._touch(iid)
 
@@ -129,16 +130,16 @@ class LoadBook:
         return "draining" if iid in self.draining else "ok"
 
     def _touch(self, iid: str) -> None:
-        self.version += 1
+        self.version = version = self.version + 1
         self._loads.pop(iid, None)
         state = self._states[iid] = self._state(iid)
         changed = self._changed
         changed.pop(iid, None)
-        changed[iid] = self.version
+        changed[iid] = version
         if state == "ok":
             e = self.entries[iid]
             heap = self._heaps.setdefault((e.cluster, e.role), [])
-            heapq.heappush(heap, (self.work[iid], self.outstanding[iid], iid, self.version))
+            heapq.heappush(heap, (self.work[iid], self.outstanding[iid], iid, version))
             if len(heap) > 2 * len(self.entries) + 64:
                 self._compact(heap)
 
@@ -174,6 +175,32 @@ class LoadBook:
             )
         return load
 
+    def link_view(
+        self,
+        bandwidth_bps: float | None,
+        in_flight_bytes: float | None,
+        delivered_bps: float | None,
+        rtt_s: float | None,
+        scarce: bool,
+    ) -> LinkView:
+        """The snapshot's LinkView: the same (immutable) one while it is given the same
+        objects, which the scheduler state holds from one short-term tick to the next (a
+        decision per request made a new one, a frozen dataclass at about a microsecond each).
+        Identity, not equality: an equal value in a new object (0.0 for -0.0, say) still gets
+        a view of its own."""
+        view = self._link
+        if (
+            view is None
+            or view.bandwidth_bps is not bandwidth_bps
+            or view.in_flight_bytes is not in_flight_bytes
+            or view.delivered_bps is not delivered_bps
+            or view.rtt_s is not rtt_s
+            or view.scarce is not scarce
+        ):
+            view = LinkView(bandwidth_bps, in_flight_bytes, delivered_bps, rtt_s, scarce)
+            self._link = view
+        return view
+
     def snapshot(
         self,
         now: float,
@@ -201,8 +228,16 @@ class LoadBook:
     ) -> InstanceLoad | None:
         """`Snapshot.least_loaded` in O(log n): the top of the (cluster, role) heap once stale
         entries are dropped; excluded instances are set aside and put back."""
-        best: _Entry | None = None
         changed = self._changed
+        if cluster is not None and not exclude:  # a policy's usual question: one heap
+            heap = self._heaps.get((cluster, role))
+            while heap:
+                top = heap[0]
+                if changed[top[2]] == top[3]:
+                    return self.load(top[2])
+                heapq.heappop(heap)  # stale: the instance changed since
+            return None
+        best: _Entry | None = None
         for c in (cluster,) if cluster is not None else ("prfaas", "local"):
             if c in exclude:
                 continue
