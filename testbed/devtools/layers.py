@@ -23,7 +23,17 @@ from pathlib import Path
 __all__ = ["LAYERS", "Violation", "check", "main"]
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "units", "clock", "lifeline", "serving", "devtools", "registry", "substrates"),
+    (
+        "errors",
+        "units",
+        "clock",
+        "lifeline",
+        "serving",
+        "devtools",
+        "registry",
+        "substrates",
+        "frozen",
+    ),
     ("profiles", "transfer"),
     ("config",),
     ("workload", "planner", "planner_grid", "policy", "kvcache"),

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from testbed.frozen import quick_init
 from testbed.kvcache.pool import BLOCK_TOKENS, ChainKeys, HybridPrefixPool
 from testbed.policy.base import Cluster
 from testbed.profiles.base import ModelProfile
@@ -86,6 +87,7 @@ def cluster_capacities(dep: DeploymentConfig) -> dict[Cluster, float]:
     return out
 
 
+@quick_init
 @dataclass(frozen=True)
 class CacheLookup:
     """What each cluster holds of one prompt, in tokens."""
@@ -100,6 +102,7 @@ class CacheLookup:
         return self.local if cluster == "local" else self.prfaas
 
 
+@quick_init
 @dataclass(frozen=True)
 class CachePlan:
     """How one request uses the cache once routed (see the module docstring)."""

@@ -26,6 +26,7 @@ from typing import ClassVar, Literal, Protocol, get_args
 
 from testbed.config import DeploymentKind
 from testbed.config.policy import POLICY_KNOBS, PolicyKnobs
+from testbed.frozen import quick_init
 from testbed.profiles import Curve, ModelProfile
 from testbed.registry import Registry
 
@@ -49,7 +50,8 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@quick_init
+@dataclass(frozen=True)
 class InstanceLoad:
     id: str
     cluster: Cluster
@@ -65,7 +67,8 @@ class InstanceLoad:
     hardware: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@quick_init
+@dataclass(frozen=True)
 class RequestView:
     id: str
     input_tokens: int
@@ -78,7 +81,8 @@ class RequestView:
     PrfaaS (S_kv of its input length)."""
 
 
-@dataclass(frozen=True, slots=True)
+@quick_init
+@dataclass(frozen=True)
 class LinkView:
     """The cross-datacenter link as the short-term loop sees it from the senders' counters,
     as of its last tick (scheduler.loops). The loop samples the link for every policy that
@@ -158,6 +162,7 @@ class LoadIndex(Protocol):
     def changed_since(self, version: int, exclude: frozenset[str]) -> tuple[InstanceLoad, ...]: ...
 
 
+@quick_init
 @dataclass(frozen=True)
 class Snapshot:
     """What the policy sees at one decision. A snapshot the router or the simulator hands out
@@ -209,6 +214,7 @@ class Snapshot:
         return self.index.changed_since(version, self.exclude)
 
 
+@quick_init
 @dataclass(frozen=True)
 class Route:
     prefill_cluster: Cluster

@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from testbed.frozen import quick_init
 from testbed.policy import make_policy
 from testbed.policy.base import POLICIES, InstanceLoad, Policy, RequestView, Route, Snapshot
 from testbed.policy.http import DEFAULT_FALLBACK, HttpPolicy, is_http_spec
@@ -58,6 +59,7 @@ LEGACY_KINDS = {"timeout": "late"}
 """Kinds of older records: `timeout` was `queued` ("queued behind other decisions") or `late`."""
 
 
+@quick_init
 @dataclass(frozen=True)
 class Decision:
     route: Route

@@ -35,6 +35,7 @@ from pydantic import Field
 
 from testbed.config import DeploymentKind, PositiveDuration
 from testbed.config.policy import PolicyConfig, PolicyKnobs
+from testbed.frozen import quick_init
 from testbed.policy.base import (
     POLICIES,
     Cluster,
@@ -97,7 +98,8 @@ class PredictConfig(PolicyKnobs):
     once the link heals) or the current estimate (the rate the prediction uses)."""
 
 
-@dataclass(frozen=True, slots=True)
+@quick_init
+@dataclass(frozen=True)
 class Prediction:
     """What `predict` says of one request: first-token time (seconds from now, real-world) on
     each prefill option (inf where the option does not exist) and the share of its cluster's

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from testbed.frozen import quick_init
+
 __all__ = ["Cluster", "InstanceView", "Role", "SenderCounters"]
 
 Role = Literal["prefill", "decode"]
@@ -33,6 +35,7 @@ class InstanceView(Protocol):
     def switchable(self) -> bool: ...
 
 
+@quick_init
 @dataclass(frozen=True)
 class SenderCounters:
     """A prefill instance's KV sender counters, in emulated (wire) bytes."""
