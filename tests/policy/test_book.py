@@ -131,3 +131,20 @@ def test_a_builtin_policy_routes_the_same_on_a_book_and_on_a_plain_snapshot() ->
         route = policy.decide(req, snap)
         assert route == policy.decide(req, plain)
         b.charge(route.prefill_instance, route.uncached_tokens, route.decode_instance, 200, +1)
+
+
+def test_the_link_view_is_reused_only_for_the_same_objects() -> None:
+    """One LinkView per change of what the scheduler state holds, not one per decision; an
+    equal value in a new object (0.0 for -0.0) gets a view of its own."""
+    b, _ = book()
+    bw, inflight, delivered = 1.25e9, 3.0e6, 1.0e9
+    first = b.link_view(bw, inflight, delivered, 0.02, False)
+    assert b.link_view(bw, inflight, delivered, 0.02, False) is first
+    moved = b.link_view(bw, 4.0e6, delivered, 0.02, False)
+    assert moved is not first and moved.in_flight_bytes == 4.0e6
+    assert b.link_view(bw, 4.0e6, delivered, 0.02, True).scarce is True
+    zero, negative = 0.0, -0.0
+    assert b.link_view(zero, None, None, None, False) is not b.link_view(
+        negative, None, None, None, False
+    )
+    assert str(b.link_view(negative, None, None, None, False).bandwidth_bps) == "-0.0"
