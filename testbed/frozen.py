@@ -41,25 +41,22 @@ def quick_init(cls: type[T]) -> type[T]:
         raise TypeError(f"quick_init: {cls.__name__} has slots: no __dict__ to write")
     if hasattr(cls, "__post_init__"):
         raise TypeError(f"quick_init: {cls.__name__} has a __post_init__")
-    names: list[str] = []
+    fields: list[str] = []
+    signature: list[str] = []
     defaults: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.default_factory is not dataclasses.MISSING or not f.init or f.kw_only:
             raise TypeError(
                 f"quick_init: {cls.__name__}.{f.name} has a default_factory, init=False or kw_only"
             )
+        fields.append(f.name)
         if f.default is dataclasses.MISSING:
-            names.append(f.name)
+            signature.append(f.name)
         else:
             defaults[f"_default_{f.name}"] = f.default
-            names.append(f"{f.name}=_default_{f.name}")
-    fields = [n.partition("=")[0] for n in names]
+            signature.append(f"{f.name}=_default_{f.name}")
     body = "".join(f"    {_DICT}[{name!r}] = {name}\n" for name in fields)
-    source = (
-        f"def __init__(self, {', '.join(names)}):\n    {_DICT} = self.__dict__\n{body}"
-        if fields
-        else "def __init__(self):\n    pass\n"
-    )
+    source = f"def __init__(self, {', '.join(signature)}):\n    {_DICT} = self.__dict__\n{body}"
     namespace: dict[str, Any] = dict(defaults)
     exec(source, namespace)
     init = namespace["__init__"]

@@ -105,3 +105,14 @@ def test_the_policy_views_keep_their_fields_and_defaults() -> None:
     assert (route.threshold_tokens, route.pull_prefix_tokens) == (None, 0)
     snap = Snapshot(now=1.0, instances=[load])
     assert (snap.link, snap.version, snap.index, snap.exclude) == (None, 0, None, frozenset())
+
+
+def test_a_class_without_fields_gets_a_quick_init_too() -> None:
+    @quick_init
+    @dataclasses.dataclass(frozen=True)
+    class Empty:
+        pass
+
+    assert Empty() == Empty()
+    with pytest.raises(TypeError):
+        Empty(1)  # type: ignore[call-arg]

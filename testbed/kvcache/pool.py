@@ -279,9 +279,11 @@ class HybridPrefixPool:
                 key = keys[i]
                 if key in blocks:
                     move(key)
-                else:  # no payload: one shared (immutable) entry
-                    payload = block_payloads
-                    blocks[key] = bare if payload is None else _Entry(size, payload[i])
+                else:
+                    if block_payloads is None:  # one shared (immutable) entry
+                        blocks[key] = bare
+                    else:
+                        blocks[key] = _Entry(size, block_payloads[i])
                     used += size
         self._used = used
         if self.needs_state:
