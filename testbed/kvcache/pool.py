@@ -279,12 +279,9 @@ class HybridPrefixPool:
                 key = keys[i]
                 if key in blocks:
                     move(key)
-                else:
-                    if block_payloads is None:  # one shared (immutable) entry
-                        blocks[key] = bare
-                    else:
-                        blocks[key] = _Entry(size, block_payloads[i])
-                    used += size
+                    continue  # no payload below: one shared (immutable) entry
+                blocks[key] = bare if block_payloads is None else _Entry(size, block_payloads[i])
+                used += size
         self._used = used
         if self.needs_state:
             last = keys[-1]

@@ -80,6 +80,10 @@ def test_payloads_round_trip() -> None:
     pool = hybrid()
     pool.insert([1, 2], 2 * BLOCK_TOKENS, block_payloads=["b1", "b2"], state_payload="s2")
     assert pool.payloads([1, 2], 2) == (["b1", "b2"], "s2")
+    # a longer prompt over the same prefix: the held blocks keep their payloads, the new
+    # block takes the payload at its own position
+    pool.insert([1, 2, 3], 3 * BLOCK_TOKENS, block_payloads=["x1", "x2", "b3"], state_payload="s3")
+    assert pool.payloads([1, 2, 3], 3) == (["b1", "b2", "b3"], "s3")
 
 
 def test_chain_keys_cover_the_whole_prefix() -> None:
