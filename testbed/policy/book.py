@@ -262,10 +262,10 @@ class LoadBook:
     def changed_since(self, version: int, exclude: frozenset[str]) -> tuple[InstanceLoad, ...]:
         """Instances changed after `version`, oldest change first (walks only those)."""
         out: list[InstanceLoad] = []
-        for iid in reversed(self._changed):
-            if self._changed[iid] <= version:
+        for iid, changed in reversed(self._changed.items()):
+            if changed <= version:
                 break
-            if self._visible(iid, exclude):
+            if not exclude or self._visible(iid, exclude):
                 out.append(self.load(iid))
         out.reverse()
         return tuple(out)

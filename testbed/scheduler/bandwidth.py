@@ -19,9 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from testbed.frozen import quick_init
+
 __all__ = ["LinkEstimator", "LinkSample"]
 
 
+@quick_init
 @dataclass(frozen=True)
 class LinkSample:
     """Counters of the PrfaaS senders at one time (real-world units)."""

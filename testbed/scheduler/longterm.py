@@ -32,11 +32,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from testbed.frozen import quick_init
 from testbed.planner import StagePlan
 
 __all__ = ["LongTermController", "RoleDecision", "StagePressure"]
 
 
+@quick_init
 @dataclass(frozen=True)
 class StagePressure:
     """Outstanding work per instance as a fraction of what one instance holds at capacity.

@@ -104,6 +104,12 @@ class ControlLoops:
         """Stage pressure sampled every short-term tick, averaged per long-term check: one
         instantaneous queue reading is too noisy to act on."""
         self.bs_max = self.model.decode[self.dep.local.hardware].bs_max(spec.tpot_slo_s)
+        local = self.dep.local.hardware
+        self.hardware = {
+            "prfaas": self.dep.prfaas.hardware if self.dep.prfaas is not None else local,
+            "local": local,
+        }
+        """Each cluster's prefill hardware (`stage_loads` reads it every tick)."""
 
     # ------------------------------------------------------------------ inputs
 
@@ -157,26 +163,29 @@ class ControlLoops:
 
     # ------------------------------------------------------------------ short-term loop
 
-    async def sample_link(self, senders: list[InstanceView]) -> LinkSample | None:
-        """The PrfaaS senders' counters now, in real-world bytes; None if none answered."""
-        stats = await self.cluster.sender_stats([i.id for i in senders])
-        live = [x for x in stats if x is not None]
-        if not live:
+    async def sample_link(self, senders: list[str]) -> LinkSample | None:
+        """The counters of the PrfaaS senders (ids) now, in real-world bytes; None if none
+        answered. Both sums in one pass, left to right (sum()'s order before Python 3.12): the
+        short-term loop samples every tick."""
+        acked: float = 0
+        queue: float = 0
+        answered = False
+        for x in await self.cluster.sender_stats(senders):
+            if x is not None:
+                answered = True
+                acked += x.bytes_acked
+                queue += x.in_flight_bytes + x.queued_bytes
+        if not answered:
             return None
-        return LinkSample(
-            t=self.clock.now(),
-            bytes_acked=self.scale.real_bytes(sum(x.bytes_acked for x in live)),
-            # bytes waiting for the sender's window are as much a queue as bytes in flight;
-            # never below 0 (a counter's float residue would read as a negative queue)
-            inflight_bytes=max(
-                self.scale.real_bytes(sum(x.in_flight_bytes + x.queued_bytes for x in live)),
-                0.0,
-            ),
-        )
+        real = self.scale.real_bytes
+        # bytes waiting for the sender's window are as much a queue as bytes in flight; never
+        # below 0 (a counter's float residue would read as a negative queue)
+        inflight = real(queue)
+        return LinkSample(self.clock.now(), real(acked), 0.0 if inflight < 0.0 else inflight)
 
-    def senders(self) -> list[InstanceView]:
-        """The PrfaaS instances, whose KV senders' counters are the link's."""
-        return [i for i in self.cluster.instances.values() if i.cluster == "prfaas"]
+    def senders(self) -> list[str]:
+        """The PrfaaS instances' ids: their KV senders' counters are the link's."""
+        return [i.id for i in self.cluster.instances.values() if i.cluster == "prfaas"]
 
     async def run_link_view(self) -> None:
         """Only measure the link (`spec.replans` False): for a policy that reads the snapshot's
@@ -239,7 +248,7 @@ class ControlLoops:
             self.estimates.append((sample.t, estimate))
             pressure, (w_prfaas, w_local) = self.stage_loads()
             self.pressure_samples.append(pressure)
-            if not any(cluster.healthy[i.id] for i in senders):
+            if not any(map(cluster.healthy.__getitem__, senders)):
                 continue
             if sample.t - last_refresh >= self.window:
                 last_refresh = sample.t
@@ -249,7 +258,7 @@ class ControlLoops:
                 decision = await asyncio.to_thread(ctl.update, sample.t, estimate)
                 why = "bandwidth moved"
             else:  # nothing to plan: no thread for an unchanged decision
-                decision = ctl.update(sample.t, estimate)
+                decision = ctl.kept()
                 why = "bandwidth moved"
             if self.balance is not None:
                 self.balance.update(w_prfaas, w_local)
@@ -293,13 +302,9 @@ class ControlLoops:
     def stage_loads(self) -> tuple[StagePressure, tuple[float, float]]:
         """`pressure()` and `waits()` (PrfaaS, then PD-P) in one pass over the instances in
         rotation: the short-term loop reads both every tick."""
-        cluster, dep, prefill_time = self.cluster, self.dep, self.model.prefill_time
+        cluster, prefill_time, hardware = self.cluster, self.model.prefill_time, self.hardware
         healthy, draining = cluster.healthy, self.state.draining
         outstanding, work = cluster.outstanding, cluster.work
-        hardware = {
-            "prfaas": dep.prfaas.hardware if dep.prfaas is not None else dep.local.hardware,
-            "local": dep.local.hardware,
-        }
         least: dict[str, float] = {}
         n_pre = n_dec = sum_pre = sum_dec = 0
         for i in cluster.instances.values():

@@ -14,11 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from testbed.frozen import quick_init
 from testbed.planner import StagePlan
 
 __all__ = ["ThresholdController", "ThresholdDecision"]
 
 
+@quick_init
 @dataclass(frozen=True)
 class ThresholdDecision:
     threshold_tokens: float
@@ -45,6 +47,8 @@ class ThresholdController:
         self.planned_bandwidth = self.nominal
         self.scarce = self._scarce(first, self.nominal)
         self._changed_at = float("-inf")
+        self._kept: ThresholdDecision | None = None
+        """The unchanged decision, until the next plan: most ticks plan nothing and get it."""
 
     def _scarce(self, plan: StagePlan, bandwidth: float) -> bool:
         return plan.egress_gbps * 1e9 / 8 > self.scarce_utilisation * bandwidth
@@ -55,15 +59,27 @@ class ThresholdController:
 
     def update(self, now: float, bandwidth: float) -> ThresholdDecision:
         """`now` in real seconds, `bandwidth` the current estimate in real bytes/s."""
-        return self._replan(now, bandwidth) if self.moved(bandwidth) else self._decision(False)
+        return self._replan(now, bandwidth) if self.moved(bandwidth) else self.kept()
 
     def replan(self, now: float, bandwidth: float) -> ThresholdDecision:
         """Re-plan even if the bandwidth did not move: the planner's other inputs did (the
         observed prompt lengths, or the PD split after a role conversion)."""
         return self._replan(now, bandwidth)
 
+    def kept(self) -> ThresholdDecision:
+        """The decision in force, unchanged: `update`'s answer while the estimate has not
+        `moved`."""
+        return self._decision(False)
+
     def _decision(self, changed: bool) -> ThresholdDecision:
-        return ThresholdDecision(self.threshold, self.planned_bandwidth, self.scarce, changed)
+        if changed:
+            return ThresholdDecision(self.threshold, self.planned_bandwidth, self.scarce, True)
+        kept = self._kept
+        if kept is None:
+            kept = self._kept = ThresholdDecision(
+                self.threshold, self.planned_bandwidth, self.scarce, False
+            )
+        return kept
 
     def _replan(self, now: float, bandwidth: float) -> ThresholdDecision:
         changed = False
@@ -73,6 +89,7 @@ class ThresholdController:
             assert t is not None
             self.scarce = self._scarce(plan, bandwidth)
             self.planned_bandwidth = bandwidth
+            self._kept = None
             if abs(t - self.threshold) > self.min_t_change * self.threshold:
                 self.threshold = t
                 self._changed_at = now

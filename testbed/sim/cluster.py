@@ -121,16 +121,18 @@ class SimCluster:
     # ------------------------------------------------------------------ scheduler.cluster.Cluster
 
     async def sender_stats(self, instances: Sequence[str]) -> list[SenderCounters | None]:
-        return [self._sender_stats(i) for i in instances]
-
-    def _sender_stats(self, instance: str) -> SenderCounters | None:
-        inst = self.instances[instance]
-        if not inst.alive or inst.paused or self.link is None:
-            return None  # a dead or stopped worker does not answer /stats
-        wire = self.scale.wire_bytes
-        acked, in_queue = self.link.counters(instance)
-        return SenderCounters(bytes_acked=wire(acked), in_flight_bytes=wire(in_queue),
-                              queued_bytes=0.0)  # fmt: skip
+        """Each sender's counters from the link's flows, None for a dead or stopped worker
+        (it does not answer /stats); in one loop: the short-term loop asks every tick."""
+        link, wire, known = self.link, self.scale.wire_bytes, self.instances
+        out: list[SenderCounters | None] = []
+        for iid in instances:
+            inst = known[iid]
+            if not inst.alive or inst.paused or link is None:
+                out.append(None)
+                continue
+            acked, in_queue = link.counters(iid)
+            out.append(SenderCounters(wire(acked), wire(in_queue), 0.0))
+        return out
 
     async def switch_role(self, instance: str, role: Role, switch_s: float) -> bool:
         inst = self.instances[instance]

@@ -225,3 +225,19 @@ async def test_a_drain_that_never_empties_times_out_without_switching() -> None:
     assert failed == [{"instance": "d0", "reason": "drain timed out"}]
     assert state.draining == set() and cluster.instances["d0"].role == "decode"
     assert 12.0 < clock.t <= 20.0  # gave up on the scheduler's clock, not the wall's
+
+
+async def test_a_link_sample_sums_the_senders_that_answered_in_real_bytes() -> None:
+    clock = FakeClock()
+    loops, cluster, _state = _setup(clock)
+    loops.scale = Scale(byte_scale=1000.0)
+    senders = loops.senders()
+    assert senders == ["p0", "p1"]
+    assert await loops.sample_link(senders) is None  # neither answered
+    cluster.feed = {"p0": SenderCounters(10.0, 2.0, 0.5), "p1": None}
+    one = await loops.sample_link(senders)
+    assert one is not None and (one.bytes_acked, one.inflight_bytes) == (10_000.0, 2_500.0)
+    cluster.feed["p1"] = SenderCounters(5.0, -3.0, 0.0)  # a counter's float residue below 0
+    both = await loops.sample_link(senders)
+    assert both is not None and both.bytes_acked == 15_000.0
+    assert both.inflight_bytes == 0.0  # never a negative queue

@@ -75,6 +75,17 @@ def test_threshold_rises_when_bandwidth_drops_and_falls_back(controller_parts) -
     assert back.changed and back.threshold_tokens == pytest.approx(t0)
 
 
+def test_an_unchanged_decision_is_kept_until_the_next_plan(controller_parts) -> None:  # type: ignore[no-untyped-def]
+    ctl = ThresholdController(controller_parts, 100 * GBPS, cooldown_s=2.0)
+    first = ctl.update(1.0, 95 * GBPS)  # within the band: nothing planned
+    assert ctl.update(1.5, 96 * GBPS) is first and ctl.kept() is first
+    assert first.bandwidth == 100 * GBPS and not first.changed
+    # a re-plan that leaves t where it was still records the bandwidth it planned with
+    again = ctl.replan(3.0, 97 * GBPS)
+    assert not again.changed and again.threshold_tokens == first.threshold_tokens
+    assert ctl.kept() is again and again.bandwidth == 97 * GBPS
+
+
 def _snap(scarce: bool) -> Snapshot:
     return Snapshot(
         0.0,
