@@ -206,6 +206,16 @@ class Snapshot:
             raise LookupError(f"no {role} instance{where}")
         return best
 
+    def least(self, cluster: Cluster | None, role: str) -> InstanceLoad | None:
+        """`least_loaded`, or None if there is none: for a policy that weighs both clusters
+        and asks three times a decision (straight to the load book, no exception raised)."""
+        if self.index is not None:
+            return self.index.least(cluster, role, self.exclude)
+        try:
+            return self.least_loaded(cluster, role)
+        except LookupError:
+            return None
+
     def changed_since(self, version: int) -> tuple[InstanceLoad, ...]:
         """The instances whose load or state changed after `version` (all of them for a
         hand-made snapshot): what a delta encoding sends."""

@@ -121,13 +121,6 @@ def _ok(inst: InstanceLoad | None) -> bool:
     return inst is not None and inst.state == "ok"
 
 
-def _lookup(snapshot: Snapshot, cluster: Cluster, role: str) -> InstanceLoad | None:
-    try:
-        return snapshot.least_loaded(cluster, role)
-    except LookupError:
-        return None
-
-
 def link_rate(link: LinkView, config: PredictConfig, floor: float = 0.0) -> float | None:
     """Bytes/s a new transfer is predicted to get: the short-term loop's estimate, or the rate
     the link delivered if a backlog of `backlog_s` stands in front of it (the estimate follows
@@ -294,11 +287,12 @@ class PrfaasPredict:
         self._pending_kv = max(kv_sum, 0.0)
 
     def decide(self, request: RequestView, snapshot: Snapshot) -> Route:
-        decode = _lookup(snapshot, "local", "decode")
+        least = snapshot.least
+        decode = least("local", "decode")
         if decode is None:
             raise LookupError("no decode instance in cluster 'local'")
-        local = _lookup(snapshot, "local", "prefill")
-        prfaas = _lookup(snapshot, "prfaas", "prefill")
+        local = least("local", "prefill")
+        prfaas = least("prfaas", "prefill")
         if local is None and prfaas is None:
             raise LookupError("no prefill instance")
         t = snapshot.threshold_tokens

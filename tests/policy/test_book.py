@@ -68,6 +68,7 @@ def test_random_changes_keep_the_index_equal_to_a_scan() -> None:
                 except LookupError:
                     got = None
                 assert got == want, (step, cluster, role)
+                assert snap.least(cluster, role) == want, (step, cluster, role)  # type: ignore[arg-type]
 
 
 def test_instances_list_every_instance_with_its_state() -> None:
@@ -80,6 +81,10 @@ def test_instances_list_every_instance_with_its_state() -> None:
     assert snap.least_loaded("prfaas", "prefill").id == "p1"
     with pytest.raises(LookupError):
         snap.least_loaded("local", "prefill")  # the only PD-P is draining
+    assert snap.least("local", "prefill") is None  # the same answer, without the exception
+    plain = Snapshot(0.0, tuple(snap.instances))  # a hand-made snapshot: no book behind it
+    assert plain.least("local", "prefill") is None
+    assert plain.least("prfaas", "prefill") == snap.least("prfaas", "prefill")
 
 
 def test_queue_wait_is_the_sum_of_the_prefill_times_of_what_is_outstanding() -> None:
