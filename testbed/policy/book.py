@@ -265,7 +265,7 @@ class LoadBook:
         for iid, changed in reversed(self._changed.items()):
             if changed <= version:
                 break
-            if not exclude or self._visible(iid, exclude):
+            if self._visible(iid, exclude):
                 out.append(self.load(iid))
         out.reverse()
         return tuple(out)

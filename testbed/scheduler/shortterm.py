@@ -68,12 +68,7 @@ class ThresholdController:
 
     def kept(self) -> ThresholdDecision:
         """The decision in force, unchanged: `update`'s answer while the estimate has not
-        `moved`."""
-        return self._decision(False)
-
-    def _decision(self, changed: bool) -> ThresholdDecision:
-        if changed:
-            return ThresholdDecision(self.threshold, self.planned_bandwidth, self.scarce, True)
+        `moved`; the same object until the next plan."""
         kept = self._kept
         if kept is None:
             kept = self._kept = ThresholdDecision(
@@ -82,7 +77,6 @@ class ThresholdController:
         return kept
 
     def _replan(self, now: float, bandwidth: float) -> ThresholdDecision:
-        changed = False
         if now - self._changed_at >= self.cooldown_s:
             plan = self.plan(bandwidth)
             t = plan.threshold_tokens
@@ -93,5 +87,5 @@ class ThresholdController:
             if abs(t - self.threshold) > self.min_t_change * self.threshold:
                 self.threshold = t
                 self._changed_at = now
-                changed = True
-        return self._decision(changed)
+                return ThresholdDecision(t, bandwidth, self.scarce, True)
+        return self.kept()

@@ -50,7 +50,7 @@ class TruncatedLognormal:
     lo: float
     hi: float
     _ends: tuple[float, float, float] = field(init=False, repr=False, compare=False)
-    """CDF at lo, at hi, and the mass between: what `split` needs at the window's ends."""
+    """CDF at lo, at hi, and the mass between."""
     _means: tuple[float, float] = field(init=False, repr=False, compare=False)
     """E[L; L <= x] of the untruncated log-normal at lo and at hi."""
 
@@ -59,14 +59,15 @@ class TruncatedLognormal:
         # distribution built in code gets the same refusal, not a ZeroDivisionError later.
         if not (self.sigma > 0 and 0 < self.lo < self.hi and math.isfinite(self.hi)):
             raise ValueError(f"a truncated log-normal needs sigma > 0 and 0 < lo < hi: {self}")
-        if not self._mass > 0 or not math.isfinite(self.mean()):
-            raise ValueError(f"[{self.lo:g}, {self.hi:g}] holds none of the log-normal: {self}")
-        # `split`'s values at the window's ends, computed once: the same floats it computed
-        # at every call (six of its ten erf calls; the planner's first grid asks ~1,300 times)
+        # The window's ends, computed once: `split` needed them at every call (six of its ten
+        # erf calls; the planner's first grid asks it ~1,300 times), `mean` and `sample` too.
         lo, hi = self._cdf(self.lo), self._cdf(self.hi)
-        means = (self._partial_mean(self.lo), self._partial_mean(self.hi))
         object.__setattr__(self, "_ends", (lo, hi, hi - lo))
-        object.__setattr__(self, "_means", means)
+        object.__setattr__(
+            self, "_means", (self._partial_mean(self.lo), self._partial_mean(self.hi))
+        )
+        if not self._ends[2] > 0 or not math.isfinite(self.mean()):
+            raise ValueError(f"[{self.lo:g}, {self.hi:g}] holds none of the log-normal: {self}")
 
     def _cdf(self, x: float) -> float:
         return _phi((math.log(x) - self.mu) / self.sigma)
@@ -77,15 +78,12 @@ class TruncatedLognormal:
         return m * _phi((math.log(x) - self.mu - self.sigma**2) / self.sigma)
 
     @property
-    def _mass(self) -> float:
-        return self._cdf(self.hi) - self._cdf(self.lo)
-
-    @property
     def bounds(self) -> tuple[float, float]:
         return (self.lo, self.hi)
 
     def mean(self) -> float:
-        return (self._partial_mean(self.hi) - self._partial_mean(self.lo)) / self._mass
+        mean_lo, mean_hi = self._means
+        return (mean_hi - mean_lo) / self._ends[2]
 
     def split(self, t: float) -> tuple[float, float, float]:
         t = min(max(t, self.lo), self.hi)
@@ -103,7 +101,7 @@ class TruncatedLognormal:
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """Inverse-CDF sampling restricted to [lo, hi]: no rejection loop, exact truncation."""
-        lo_u, hi_u = self._cdf(self.lo), self._cdf(self.hi)
+        lo_u, hi_u, _ = self._ends
         u = rng.uniform(lo_u, hi_u, size=n)
         z = _norm_ppf(u)
         return np.clip(np.exp(self.mu + self.sigma * z), self.lo, self.hi)

@@ -25,8 +25,8 @@ def test_split_is_consistent_with_mean(paper: TruncatedLognormal) -> None:
 
 
 def test_split_keeps_the_floats_of_the_textbook_formula(paper: TruncatedLognormal) -> None:
-    """`split` reads the window's ends from values kept at construction: the same floats as
-    computing every term at each call (the planner's grid relies on equal values)."""
+    """`split` and `mean` read the window's ends from values kept at construction: the same
+    floats as computing every term at each call (the planner's grid relies on equal values)."""
     cdf, part = paper._cdf, paper._partial_mean
     for t in (1.0, 128, 129.5, 500, 5_000, 19_400, 60_000, 127_999.5, 128_000, 1e9):
         c = min(max(t, paper.lo), paper.hi)
@@ -38,6 +38,8 @@ def test_split_keeps_the_floats_of_the_textbook_formula(paper: TruncatedLognorma
             sum_short / mass_short if mass_short > 0 else 0.0,
         )
         assert paper.split(t) == want, t
+    mass = cdf(paper.hi) - cdf(paper.lo)
+    assert paper.mean() == (part(paper.hi) - part(paper.lo)) / mass
     assert paper == TruncatedLognormal(mu=9.90, sigma=1.00, lo=128, hi=128_000)  # kept values
     assert "_ends" not in repr(paper)  # are neither compared nor shown
 
