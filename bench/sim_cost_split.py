@@ -100,7 +100,7 @@ def child(spec_path: str) -> int:
 
         POLICIES.register(replay_policy(Path(os.environ[ROUTES]), os.environ[OF],
                                         os.environ[LOOPS]))  # fmt: skip
-    cpu = timed_simulate()
+    cpu, _ = timed_simulate()
     from testbed.cli import main as cli
 
     rc = cli(spec["argv"])

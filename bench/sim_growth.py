@@ -100,7 +100,7 @@ def child(spec_path: str) -> int:
         pools.append(self)
 
     HybridPrefixPool.__init__ = register  # type: ignore[method-assign]
-    cpu = timed_simulate()
+    cpu, _ = timed_simulate()
     from testbed.cli import main as cli
 
     rc = cli(spec["argv"])

@@ -48,7 +48,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from provenance import changed, commit, provenance  # bench/ is on sys.path
+import per_copy  # bench/ is on sys.path
+from provenance import changed, commit, provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,38 +66,51 @@ def _dump(reason: str) -> None:
                    check=True, capture_output=True)  # fmt: skip
 
 
-def timed_simulate() -> list[float]:
-    """Time every simulate call of this process in process CPU seconds, appended to the list
-    returned (and, under `--instructions`, ask callgrind for a dump around each)."""
+def timed_simulate(copies: int = 0) -> tuple[list[float], list[float]]:
+    """Time every simulate call of this process in process CPU seconds, appended to the first
+    list returned (and, under `--instructions`, ask callgrind for a dump around each). With
+    `copies` (`--per-copy`), the second list gets each copy's seconds and the drain's
+    (bench/per_copy.py; under callgrind a dump as each copy ends)."""
     import testbed.scenario.sim_run as sim_run
 
     simulate = sim_run.simulate
     cpu: list[float] = []
+    each: list[float] = []
     counting = os.environ.get(COUNTING) == "1"
 
-    def timed(*args: Any, **kwargs: Any) -> Any:
+    def timed(inp: Any, *args: Any, **kwargs: Any) -> Any:
+        marks, mark = per_copy.marker(counting, _dump)
+        if copies:
+            ends = per_copy.boundaries([r.arrival for r in inp.requests], copies)
+            per_copy.mark_copies(ends, mark)
         if counting:
             _dump("before-simulation")
         t0 = time.process_time()
         try:
-            return simulate(*args, **kwargs)
+            return simulate(inp, *args, **kwargs)
         finally:
-            cpu.append(time.process_time() - t0)
+            t1 = time.process_time()
+            cpu.append(t1 - t0)
+            if copies:
+                each.extend(per_copy.copy_seconds(t0, marks, t1))
             if counting:
                 _dump(SIMULATED)
 
     sim_run.simulate = timed
-    return cpu
+    return cpu, each
 
 
 def child(spec_path: str) -> int:
     """Run the command in this process with the simulate call timed (the `--child` mode)."""
     spec = json.loads(Path(spec_path).read_text())
-    cpu = timed_simulate()
+    cpu, each = timed_simulate(spec.get("copies", 0))
     from testbed.cli import main as cli
 
     rc = cli(spec["argv"])
-    Path(spec["result"]).write_text(json.dumps({"rc": rc, "simulate_cpu_s": sum(cpu)}))
+    result: dict[str, Any] = {"rc": rc, "simulate_cpu_s": sum(cpu)}
+    if each:
+        result["copy_cpu_s"] = each
+    Path(spec["result"]).write_text(json.dumps(result))
     return 0
 
 
@@ -188,10 +202,13 @@ COLLECTED = re.compile(r"^==\d+== Collected : (\d+)$", re.MULTILINE)
 
 def simulated_instructions(dumps: list[str]) -> float:
     """The instructions of the simulations, from callgrind's dump files (each holds the counts
-    since the one before): the totals of those the child dumped as a simulation ended."""
+    since the one before): the totals of those the child dumped as a simulation ended, or as
+    one of its copies did (`--per-copy`)."""
     total = 0.0
     for text in dumps:
-        if f"\ndesc: Trigger: dump {SIMULATED}\n" in f"\n{text}":
+        if f"\ndesc: Trigger: dump {SIMULATED}\n" in f"\n{text}" or (
+            f"\ndesc: Trigger: dump {per_copy.COPY}" in f"\n{text}"
+        ):
             found = re.search(r"^totals: (\d+)$", text, re.MULTILINE)
             if found is None:
                 raise SystemExit("a callgrind dump without its totals line")
@@ -207,6 +224,7 @@ def one_run(
     instructions: bool = False,
     script: Path = ROOT / "bench/sim_speed.py",
     env: dict[str, str] | None = None,
+    copies: int = 0,
 ) -> dict[str, Any]:
     """One child run of `testbed ARGV --out TMP/out`: `script --child SPEC` in checkout `src`,
     pinned to core `cpu`, with `env` added to its environment. The row holds the figures
@@ -214,7 +232,9 @@ def one_run(
     writes its cache figures there)."""
     spec = tmp / "spec.json"
     result = tmp / "result.json"
-    spec.write_text(json.dumps({"argv": [*argv, "--out", str(tmp / "out")], "result": str(result)}))
+    out_dir = str(tmp / "out")
+    spec.write_text(json.dumps({"argv": [*argv, "--out", out_dir], "result": str(result),
+                                "copies": copies}))  # fmt: skip
     env = {**child_env(src), **(env or {})}
     valgrind: list[str] = []
     if instructions:
@@ -255,8 +275,12 @@ def one_run(
             tail = done.stderr[-2000:]
             raise SystemExit(f"callgrind printed no count; its stderr ended:\n{tail}")
         row["instructions"] = float(counted[-1])
-        dumps = [f.read_text() for f in tmp.glob("callgrind*")]
+        # in the order callgrind wrote them: callgrind.1, .2, ..., then the final one
+        files = sorted(tmp.glob("callgrind*"), key=lambda f: int(f.suffix[1:] or 1e9))
+        dumps = [f.read_text() for f in files]
         row["simulate_instructions"] = simulated_instructions(dumps)
+        if copies:
+            row["copy_instructions"] = per_copy.copy_instructions(dumps, SIMULATED)
     return row
 
 
@@ -285,6 +309,11 @@ def main() -> int:
     ap.add_argument("--scenario", default="scenarios/paper.yaml")
     ap.add_argument("--trace", type=Path, help="a Mooncake JSONL trace to replay")
     ap.add_argument("--times", type=int, default=1, help="replay the trace N times end to end")
+    ap.add_argument(
+        "--per-copy", action="store_true",
+        help="with --times N: also measure each copy inside its run, and the drain after the "
+        "last (bench/per_copy.py)",
+    )  # fmt: skip
     ap.add_argument("--policy", action="append", help="policy to run (repeatable)")
     ap.add_argument("--set", action="append", help="PATH=VALUE, as testbed run's (repeatable)")
     ap.add_argument("--duration", type=float, default=3600.0, help="seconds (x --times)")
@@ -310,6 +339,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.child:
         return child(args.child)
+    if args.per_copy and (args.times < 2 or args.trace is None):
+        ap.error("--per-copy needs --trace and --times N with N >= 2")
     cpu = None if args.cpu < 0 else args.cpu
     if args.instructions and not (shutil.which("valgrind") and shutil.which("callgrind_control")):
         ap.error("--instructions needs valgrind and callgrind_control (Debian: valgrind)")
@@ -328,7 +359,8 @@ def main() -> int:
                 for policy in policies:
                     run_dir = Path(tempfile.mkdtemp(dir=tmp))
                     argv = cli_args(args, trace, policy)
-                    r = one_run(src, argv, cpu, run_dir, args.instructions)
+                    r = one_run(src, argv, cpu, run_dir, args.instructions,
+                                copies=args.times if args.per_copy else 0)  # fmt: skip
                     rows.setdefault((label(src), policy or "(scenario's)"), []).append(r)
                     counted = (f", {r['simulate_instructions'] / 1e9:.3f} G instructions "
                                f"simulating, {r['instructions'] / 1e9:.3f} G in all"
@@ -338,6 +370,8 @@ def main() -> int:
                           f"{r['command_cpu_s']:6.2f} CPU s, {r['requests']:.0f} requests"
                           f"{counted} (load {os.getloadavg()[0]:.2f})", flush=True)  # fmt: skip
         table = _table(rows)
+        if args.per_copy:
+            table += "\n" + per_copy.copy_table(rows) + per_copy.NOTE
         print(table)
         head = _provenance(args, srcs, cpu, load_before)
         print(head)
