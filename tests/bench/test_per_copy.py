@@ -5,6 +5,8 @@ copy's seconds and instructions read back in order."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +104,28 @@ def test_the_table_gives_the_first_copy_the_others_the_drain_and_the_spread(
         "| abc | prfaas | 3 | 0.60 | 0.60-0.70 | 0.10 | 1.17x | 3.000 | 3.100-3.300 | 0.200 "
         "| 1.10x |"
     )
+
+
+def test_sim_speed_measures_each_copy_of_a_run(tmp_path: Path) -> None:
+    """End to end, on two copies of the small trace: the child splits its run where the second
+    copy arrives, and the report gets a row of two copies and a drain."""
+    argv = [
+        *("--scenario", str(BENCH.parent / "scenarios/mooncake-trace.yaml")),
+        *("--trace", str(BENCH.parent / "scenarios/traces/mooncake-small.jsonl")),
+        *("--duration", "150", "--times", "2", "--per-copy", "--policy", "prfaas"),
+        *("--set", "workload.arrivals.load=null", "--repeat", "1", "--cpu", "-1"),
+        *("--no-timeline", "--report", str(tmp_path / "report.md")),
+    ]
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "sim_speed.py"), *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line for line in (tmp_path / "report.md").read_text().splitlines() if "| 2 |" in line]
+    assert len(rows) == 1 and "| prfaas | 2 |" in rows[0], rows
+    cells = rows[0].split("|")
+    copy_1, (low, high), drain = float(cells[4]), cells[5].split("-"), float(cells[6])
+    assert copy_1 > 0 and float(low) == float(high) > 0 and drain >= 0  # one other copy

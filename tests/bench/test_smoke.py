@@ -15,7 +15,7 @@ Exempt, with the reason (docs/experiments.md lists them too):
 - real_model_timing.py: torch (the `model` extra);
 - sim_vs_live.py: its live leg (the sim leg alone is what the other smoke tests run);
 - lifecycle_parity.py: compares two checkouts of the project (before and after a change);
-- provenance.py, predict_grid.py, predict_hindsight.py: helpers the scripts import.
+- provenance.py, predict_grid.py, predict_hindsight.py, per_copy.py: helpers the scripts import.
 """
 
 from __future__ import annotations
@@ -118,6 +118,7 @@ EXEMPT = {
     "link_accuracy.py": "live, tc needs root",
     "link_cpu.py": "live emulator processes and sockets",
     "long_prompts.py": "live",
+    "per_copy.py": "a helper of sim_speed.py (--per-copy), not a bench",
     "policy_http.py": "live",
     "policy_late.py": "live",
     "predict_grid.py": "a helper of the predict*.py scripts, not a bench",
