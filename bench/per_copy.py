@@ -49,7 +49,8 @@ def mark_copies(ends: Sequence[float], mark: Callable[[int], None]) -> None:
     """Call `mark(k)` (k = 1..len(ends)) when the sim's virtual time first reaches `ends[k-1]`,
     before anything due then runs: virtual time moves only when the loop jumps to its next
     timer (`VirtualLoop.advance_to_next_timer`), so the jump is where each copy ends. Adds no
-    timer, so the run simulates the same events."""
+    timer, so the run simulates the same events. For the rest of the process (the bench's
+    child runs one simulation)."""
     import testbed.sim.loop as sim_loop
 
     advance = sim_loop.VirtualLoop.advance_to_next_timer

@@ -14,11 +14,13 @@ installed `testbed` does, whatever the caller's PYTHONDONTWRITEBYTECODE says.
         --trace ../shared/traces/mooncake_synthetic_trace.jsonl --duration 1100 \\
         --set workload.arrivals.load=null \\
         --policy prfaas-static --policy prfaas --policy prfaas-predict --repeat 5 \\
-        [--times 10] [--src /tmp/before] [--report bench/reports/sim_speed.md [--append]]
-        [--no-timeline] [--title "what changed"]
+        [--times 10 [--per-copy]] [--src /tmp/before]
+        [--report bench/reports/sim_speed.md [--append]] [--no-timeline] [--title "what changed"]
 
 `--times N` replays the trace N times end to end (hash ids offset per copy, so each copy meets
-the prefix cache as the first did; the duration is multiplied by N). `--src DIR` (repeatable)
+the prefix cache as the first did; the duration is multiplied by N). `--per-copy` also splits
+each run at its copies' ends and reports each copy's CPU seconds (and instructions), the drain
+after the last apart (bench/per_copy.py). `--src DIR` (repeatable)
 also runs the code of another checkout of the project (on PYTHONPATH), interleaved with this
 one run by run, so a before/after comparison sees the same load. `--profile` then profiles the
 simulation of the first policy in this process and prints where its time goes.
