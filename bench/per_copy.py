@@ -107,27 +107,26 @@ def copy_table(rows: dict[tuple[str, str], list[dict[str, Any]]]) -> str:
     range, the drain, and the largest copy over the smallest; per copy index, the median of
     the runs. CPU seconds, and G instructions where counted."""
     counted = any("copy_instructions" in r for rs in rows.values() for r in rs)
-    out = ("| code | policy | copies | CPU s: copy 1 | CPU s: copies 2-N | CPU s: after the "
-           "last | CPU s: largest / smallest copy |"
-           + (" G instr.: copy 1 | G instr.: copies 2-N | G instr.: after the last "
-              "| G instr.: largest / smallest copy |" if counted else "")
-           + "\n|---|---|---|---|---|---|---|" + ("---|---|---|---|" if counted else "")
-           + "\n")  # fmt: skip
+    parts = ["copy 1", "copies 2-N", "after the last", "largest / smallest copy"]
+    units = ["CPU s", "G instr."] if counted else ["CPU s"]
+    columns = ["code", "policy", "copies", *(f"{u}: {p}" for u in units for p in parts)]
 
-    def cells(runs: list[list[float]], scale: float, digits: int) -> str:
+    def cells(runs: list[list[float]], want: int, scale: float, digits: int) -> list[str]:
+        if any(len(x) != want for x in runs):
+            return ["-"] * len(parts)  # a run without each copy's count and the drain's
         per = [statistics.median(xs) / scale for xs in zip(*runs, strict=True)]
         copies, drain = per[:-1], per[-1]
         rest = copies[1:]
-        return (f" {copies[0]:.{digits}f} | {min(rest):.{digits}f}-{max(rest):.{digits}f} "
-                f"| {drain:.{digits}f} | {max(copies) / min(copies):.2f}x |")  # fmt: skip
+        return [f"{copies[0]:.{digits}f}", f"{min(rest):.{digits}f}-{max(rest):.{digits}f}",
+                f"{drain:.{digits}f}", f"{max(copies) / min(copies):.2f}x"]  # fmt: skip
 
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for (code, policy), rs in rows.items():
         if not all("copy_cpu_s" in r for r in rs):
             continue
-        n = len(rs[0]["copy_cpu_s"]) - 1
-        out += f"| {code} | {policy} | {n} |" + cells([r["copy_cpu_s"] for r in rs], 1.0, 2)
+        want = len(rs[0]["copy_cpu_s"])  # the copies, then the drain
+        row = [code, policy, str(want - 1), *cells([r["copy_cpu_s"] for r in rs], want, 1.0, 2)]
         if counted:
-            runs = [r.get("copy_instructions", []) for r in rs]
-            out += cells(runs, 1e9, 3) if all(len(x) == n + 1 for x in runs) else " - | - | - | - |"
-        out += "\n"
-    return out
+            row += cells([r.get("copy_instructions", []) for r in rs], want, 1e9, 3)
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"

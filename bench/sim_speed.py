@@ -81,8 +81,9 @@ def timed_simulate(copies: int = 0) -> tuple[list[float], list[float]]:
     counting = os.environ.get(COUNTING) == "1"
 
     def timed(inp: Any, *args: Any, **kwargs: Any) -> Any:
-        marks, mark = per_copy.marker(counting, _dump)
+        marks: list[float] = []
         if copies:
+            marks, mark = per_copy.marker(counting, _dump)
             ends = per_copy.boundaries([r.arrival for r in inp.requests], copies)
             per_copy.mark_copies(ends, mark)
         if counting:

@@ -129,3 +129,14 @@ def test_sim_speed_measures_each_copy_of_a_run(tmp_path: Path) -> None:
     cells = rows[0].split("|")
     copy_1, (low, high), drain = float(cells[4]), cells[5].split("-"), float(cells[6])
     assert copy_1 > 0 and float(low) == float(high) > 0 and drain >= 0  # one other copy
+
+
+def test_a_run_without_each_copys_count_shows_dashes(per_copy: Any) -> None:
+    rows = {
+        ("abc", "prfaas"): [
+            {"copy_cpu_s": [0.5, 0.6, 0.1], "copy_instructions": [3e9, 3.1e9, 2e8]},
+            {"copy_cpu_s": [0.7, 0.6, 0.1], "copy_instructions": [3e9, 5e8]},  # a dump missing
+        ],
+    }
+    row = per_copy.copy_table(rows).splitlines()[2]
+    assert row == "| abc | prfaas | 2 | 0.60 | 0.60-0.60 | 0.10 | 1.00x | - | - | - | - |"
