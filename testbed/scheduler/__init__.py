@@ -8,5 +8,6 @@ decision itself stays in `testbed.policy.prfaas`, which only reads the resulting
 - state:     what they decide and the router reads: t, scarcity, estimate, draining, events
 - cluster:   what they need from the router (a protocol; they never import a service)
 - spec:      their settings, the scenario's typed config models
+- observed:  the planner's workload input as the run shows it (recent arrivals' lengths)
 - shortterm, longterm, bandwidth, balance: the pure controllers and estimators they feed
 """

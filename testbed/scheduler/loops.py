@@ -10,19 +10,16 @@ accounting and two calls (a sender's counters, a role switch). They never import
 
 The planner's workload input is the *observed* input lengths of the requests that arrived in the
 last `long_term.window` (`short_term` uses the same window), once there are `min_samples` of
-them; before that, the scenario's configured distribution. That is what lets t and the PD split
-follow a shift in traffic rather than the distribution the run was started with.
+them; before that, the scenario's configured distribution (`scheduler.observed`). That is what
+lets t and the PD split follow a shift in traffic rather than the distribution the run was
+started with.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from bisect import bisect_left
 from collections import deque
-from itertools import islice
-from operator import itemgetter
-from typing import TypeVar
 
 from testbed.clock import Clock, Scale
 from testbed.config import LongTermConfig
@@ -32,32 +29,17 @@ from testbed.scheduler.balance import QueueBalance
 from testbed.scheduler.bandwidth import LinkEstimator, LinkSample
 from testbed.scheduler.cluster import Cluster, InstanceView, Role
 from testbed.scheduler.longterm import LongTermController, StagePressure
+from testbed.scheduler.observed import MAX_OBSERVED, ObservedLengths, tail_since
 from testbed.scheduler.shortterm import ThresholdController
 from testbed.scheduler.spec import SchedulerSpec
 from testbed.scheduler.state import SchedulerState
 from testbed.workload.build import length_distribution
-from testbed.workload.lengths import EmpiricalLengths, LengthDistribution
+from testbed.workload.lengths import LengthDistribution
 
 __all__ = ["DRAIN_POLL_S", "ControlLoops"]
 
-MAX_OBSERVED = 5000
-"""Cap on remembered arrivals (a 30 s window at 100+ req/s is far beyond any scenario here)."""
 DRAIN_POLL_S = 0.05
 """Wall seconds between looks at a draining instance's outstanding count."""
-T = TypeVar("T")
-
-
-def _tail_since(entries: deque[tuple[float, T]], cutoff: float) -> list[T]:
-    """The values of the (time, value) entries at or after `cutoff`, in order, for entries
-    appended in time order: how many there are is found by bisection, and they are copied
-    from the newest end in C, rather than read one by one in Python at every re-plan."""
-    count = len(entries) - bisect_left(entries, cutoff, key=_time)
-    recent = list(map(_value, islice(reversed(entries), count)))
-    recent.reverse()
-    return recent
-
-
-_time, _value = itemgetter(0), itemgetter(1)
 
 
 class ControlLoops:
@@ -78,15 +60,21 @@ class ControlLoops:
         self.scale = scale
         self.dep = spec.deployment
         self.model = MODELS[self.dep.model]
-        self.configured = length_distribution(spec.lengths)
         self.short = spec.short_term
         self.long = spec.long_term
         defaults = LongTermConfig()
         self.window = (self.long or defaults).window
-        self.min_samples = (self.long or defaults).min_samples
-        self.observed: deque[tuple[float, int]] = deque(maxlen=MAX_OBSERVED)
-        self.in_order = True
-        """Every arrival so far was observed no earlier than the one before it."""
+        self.arrived = ObservedLengths(
+            length_distribution(spec.lengths), self.window, (self.long or defaults).min_samples
+        )
+        self.observe = self.arrived.observe
+        """A request arrived (`ObservedLengths.observe`; the router calls it per request)."""
+        self._inputs: tuple[tuple[float, int], PlanInputs] | None = None
+        """The planner's inputs with the (time, arrivals) they were read at: both loops plan
+        at the same instant every `window` and share them."""
+        self._search: SplitSearch | None = None
+        """The long-term loop's latest check's search, which a short-term re-plan at the same
+        instant with the same inputs and bandwidth asks instead of searching again."""
         self.n_prefill = spec.n_prefill
         self.estimator = LinkEstimator(self.dep.link.bandwidth)
         self.ctl: ThresholdController | None = None
@@ -113,33 +101,23 @@ class ControlLoops:
 
     # ------------------------------------------------------------------ inputs
 
-    def observe(self, now: float, input_tokens: int) -> None:
-        """A request arrived at `now` (real seconds) with this routed length."""
-        if self.observed and now < self.observed[-1][0]:
-            self.in_order = False
-        self.observed.append((now, input_tokens))
-
-    def _since(self, cutoff: float) -> list[int]:
-        """The lengths observed at or after `cutoff`, in arrival order. While arrivals were
-        observed in time order (the sim's always are), the scan walks back from the newest and
-        stops at the first older one instead of reading all MAX_OBSERVED (it ran at every
-        re-plan); otherwise every arrival is looked at. The same list either way."""
-        if not self.in_order:
-            return [n for t, n in self.observed if t >= cutoff]
-        return _tail_since(self.observed, cutoff)
-
     def lengths(self) -> LengthDistribution:
-        if len(self.observed) < self.min_samples:
-            return self.configured
-        cutoff = self.clock.now() - self.window
-        recent = self._since(cutoff)
-        if len(recent) < self.min_samples:  # a quiet spell: the latest arrivals still tell
-            recent = [n for _, n in list(self.observed)[-self.min_samples :]]
-        return EmpiricalLengths.of(recent)
+        """The observed lengths to plan with now (`ObservedLengths.lengths`)."""
+        return self.arrived.lengths(self.clock.now())
 
     def inputs(self) -> PlanInputs:
-        sch = self.sch
-        return PlanInputs(self.lengths(), sch.output_tokens, sch.tpot_slo_s, sch.threshold_step)
+        """The planner's inputs now: the same object until time moves or a request arrives
+        (the short-term loop's workload refresh falls on a long-term check every `window`)."""
+        at = (self.clock.now(), self.arrived.arrivals)
+        read = self._inputs
+        if read is None or read[0] != at:
+            sch = self.sch
+            lengths = self.lengths()
+            read = self._inputs = (
+                at,
+                PlanInputs(lengths, sch.output_tokens, sch.tpot_slo_s, sch.threshold_step),
+            )
+        return read[1]
 
     def bandwidth(self) -> float:
         est = self.state.bandwidth_estimate
@@ -151,12 +129,18 @@ class ControlLoops:
         short-term loop can ride out never converts an instance)."""
         assert self.long is not None
         since = self.clock.now() - self.long.sustain * self.long.interval
-        recent = _tail_since(self.estimates, since)  # the short-term loop's, in time order
+        recent = tail_since(self.estimates, since)  # the short-term loop's, in time order
         if not recent or self.estimates[0][0] > since:  # not watched that long yet: nominal
             return max([self.dep.link.bandwidth, *recent])
         return max(recent)
 
     def plan(self, bandwidth: float, n_prefill: int | None, inputs: PlanInputs) -> StagePlan:
+        """`plan_deployment` for the prfaas-pd deployment; the long-term check's search answers
+        if it was made from these very inputs and bandwidth (`SplitSearch.plan(n)` is
+        `plan_deployment(..., n_prefill=n)` exactly)."""
+        search = self._search
+        if search is not None and search.args[2] is inputs and search.args[3] == bandwidth:
+            return search.plan(n_prefill)
         return plan_deployment(
             "prfaas-pd", self.dep, inputs, link_bytes_per_s=bandwidth, n_prefill=n_prefill
         )
@@ -344,6 +328,7 @@ class ControlLoops:
             inputs, bandwidth = self.inputs(), self.sustained_bandwidth()
             # one grid for the check's questions (the free split, the running one, the target)
             search = SplitSearch("prfaas-pd", self.dep, inputs, link_bytes_per_s=bandwidth)
+            self._search = search
 
             def plan_split(n: int | None, search: SplitSearch = search) -> StagePlan:
                 return search.plan(n)

@@ -266,7 +266,8 @@ def test_the_loops_plan_with_the_specs_deployment_lengths_output_slo_and_step() 
     def planned(**over: Any) -> tuple[float | None, int, int, float]:
         loops, _ = loops_for(StepClock())
         loops.sch = loops.sch.model_copy(update={"lengths": LognormalLengths(), **over})
-        loops.dep, loops.configured = loops.sch.deployment, length_distribution(loops.sch.lengths)
+        loops.dep = loops.sch.deployment
+        loops.arrived.configured = length_distribution(loops.sch.lengths)
         plan = loops.plan(loops.bandwidth(), loops.sch.n_prefill, loops.inputs())
         return plan.threshold_tokens, plan.bs_max, plan.n_prefill, plan.lambda_max_rps
 

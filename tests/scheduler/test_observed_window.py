@@ -11,7 +11,8 @@ import pytest
 
 from testbed.clock import Scale
 from testbed.config import DeploymentConfig, LognormalLengths
-from testbed.scheduler.loops import ControlLoops, _tail_since
+from testbed.scheduler.loops import ControlLoops
+from testbed.scheduler.observed import tail_since
 from testbed.scheduler.spec import SchedulerSpec
 from testbed.scheduler.state import SchedulerState
 from testbed.workload.lengths import EmpiricalLengths
@@ -53,25 +54,25 @@ def test_the_window_is_every_arrival_since_the_cutoff(shuffled: bool, seed: int)
         times[0], times[-1] = times[-1], times[0]  # one late observation is enough
     for t in times:
         lo.observe(t, rng.randint(1, 100_000))
-    assert lo.in_order == (times == sorted(times))
+    assert lo.arrived.in_order == (times == sorted(times))
     for now in (0.0, 50.0, 150.0, 199.0, 230.0, 500.0):
         clock.t = now
-        want = [n for t, n in lo.observed if t >= now - lo.window]
-        assert lo._since(now - lo.window) == want
+        want = [n for t, n in lo.arrived.observed if t >= now - lo.window]
+        assert lo.arrived.since(now - lo.window) == want
         got = lo.lengths()
-        if len(lo.observed) < lo.min_samples:
-            assert got is lo.configured
-        elif len(want) >= lo.min_samples:
+        if len(lo.arrived.observed) < lo.arrived.min_samples:
+            assert got is lo.arrived.configured
+        elif len(want) >= lo.arrived.min_samples:
             assert got == EmpiricalLengths.of(want)
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_the_tail_scan_reads_what_a_full_scan_reads(seed: int) -> None:
-    """`_tail_since` (the bandwidth estimates' sustain window too) on entries in time order."""
+    """`tail_since` (the bandwidth estimates' sustain window too) on entries in time order."""
     rng = random.Random(seed)
     entries: deque[tuple[float, float]] = deque(maxlen=50)
     for _ in range(rng.randint(0, 120)):
         last = entries[-1][0] if entries else 0.0
         entries.append((last + rng.choice([0.0, 0.5, 1.0]), rng.random()))
     for cutoff in (-1.0, 0.0, 10.0, 30.0, 1e9):
-        assert _tail_since(entries, cutoff) == [b for t, b in entries if t >= cutoff]
+        assert tail_since(entries, cutoff) == [b for t, b in entries if t >= cutoff]
