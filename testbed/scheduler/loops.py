@@ -97,7 +97,12 @@ class ControlLoops:
             "prfaas": self.dep.prfaas.hardware if self.dep.prfaas is not None else local,
             "local": local,
         }
-        """Each cluster's prefill hardware (`stage_loads` reads it every tick)."""
+        """Each cluster's prefill hardware."""
+        self.prefill_curves = {
+            name: self.model.prefill.get(hw) for name, hw in self.hardware.items()
+        }
+        """Each cluster's T_prefill curve, None if the model has none for its hardware
+        (`stage_loads` reads them every tick)."""
 
     # ------------------------------------------------------------------ inputs
 
@@ -286,7 +291,7 @@ class ControlLoops:
     def stage_loads(self) -> tuple[StagePressure, tuple[float, float]]:
         """`pressure()` and `waits()` (PrfaaS, then PD-P) in one pass over the instances in
         rotation: the short-term loop reads both every tick."""
-        cluster, prefill_time, hardware = self.cluster, self.model.prefill_time, self.hardware
+        cluster, curves = self.cluster, self.prefill_curves
         healthy, draining = cluster.healthy, self.state.draining
         outstanding, work = cluster.outstanding, cluster.work
         least: dict[str, float] = {}
@@ -300,8 +305,16 @@ class ControlLoops:
                 n_pre += 1
                 sum_pre += n
                 name = i.cluster
-                if name in hardware:
-                    wait = n * prefill_time(hardware[name], work[iid] / n) if n else 0.0
+                if name in curves:
+                    wait = 0.0
+                    if n:  # n x `ModelProfile.prefill_time` of the mean, written out
+                        tokens = work[iid] / n
+                        if not tokens <= 0:
+                            curve = curves[name]
+                            if curve is None:
+                                raise KeyError(self.hardware[name])
+                            s = curve(tokens)
+                            wait = n * (0.0 if s < 0.0 else s)
                     best = least.get(name)
                     if best is None or wait < best:  # min(): the first of equal waits
                         least[name] = wait

@@ -123,15 +123,18 @@ class SimCluster:
     async def sender_stats(self, instances: Sequence[str]) -> list[SenderCounters | None]:
         """Each sender's counters from the link's flows, None for a dead or stopped worker
         (it does not answer /stats); in one loop: the short-term loop asks every tick."""
-        link, wire, known = self.link, self.scale.wire_bytes, self.instances
+        link, byte_scale, known = self.link, self.scale.byte_scale, self.instances
         out: list[SenderCounters | None] = []
         for iid in instances:
+            # `SimInstance.alive` and `.paused` and `Scale.wire_bytes`, written out (four
+            # senders a tick, a thousand ticks a run)
             inst = known[iid]
-            if not inst.alive or inst.paused or link is None:
+            eng = inst.prefill or inst.decode
+            if eng is None or not eng.alive or eng.paused_at is not None or link is None:
                 out.append(None)
                 continue
             acked, in_queue = link.counters(iid)
-            out.append(SenderCounters(wire(acked), wire(in_queue), 0.0))
+            out.append(SenderCounters(acked / byte_scale, in_queue / byte_scale, 0.0))
         return out
 
     async def switch_role(self, instance: str, role: Role, switch_s: float) -> bool:

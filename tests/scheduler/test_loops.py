@@ -241,3 +241,39 @@ async def test_a_link_sample_sums_the_senders_that_answered_in_real_bytes() -> N
     both = await loops.sample_link(senders)
     assert both is not None and both.bytes_acked == 15_000.0
     assert both.inflight_bytes == 0.0  # never a negative queue
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_each_waits_is_the_profiles_prefill_time_of_the_mean_length(seed: int) -> None:
+    """`stage_loads` writes `ModelProfile.prefill_time` out: n x T_prefill(work / n) of the
+    least loaded instance, bit for bit, whatever the work (none, a fraction of a token, a
+    million tokens)."""
+    import random
+
+    rng = random.Random(seed)
+    loops, cluster, _ = _setup(FakeClock())
+    model = MODELS[DEP.model]
+    for _ in range(200):
+        for iid in ("p0", "p1", "l0"):
+            n = rng.choice([0, 1, 2, 7])
+            cluster.outstanding[iid] = n
+            cluster.work[iid] = rng.choice([0.0, 0.25, 511.0, rng.uniform(1, 1e6)]) if n else 0.0
+
+        def wait(iid: str, hw: str) -> float:
+            n = cluster.outstanding[iid]
+            return n * model.prefill_time(hw, cluster.work[iid] / n) if n else 0.0
+
+        assert loops.waits() == (
+            min(wait("p0", "h200x8"), wait("p1", "h200x8")),
+            wait("l0", "h20x8"),
+        )
+
+
+def test_a_model_without_the_clusters_prefill_curve_fails_as_the_profile_does() -> None:
+    loops, cluster, _ = _setup(FakeClock())
+    loops.prefill_curves["prfaas"] = None  # as for hardware the model has no profile for
+    cluster.outstanding["p0"] = 0
+    assert loops.waits()[0] == 0.0  # nothing outstanding: no curve needed
+    cluster.outstanding["p0"], cluster.work["p0"] = 2, 1_000.0
+    with pytest.raises(KeyError, match="h200x8"):
+        loops.waits()
