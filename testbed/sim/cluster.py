@@ -52,6 +52,13 @@ class SimInstance:
         eng = self.prefill or self.decode
         return eng is not None and eng.paused_at is not None
 
+    @property
+    def answers(self) -> bool:
+        """Whether the worker answers /health and /stats: running and not stopped. The one
+        rule for the health poll and the short-term loop's sender counters."""
+        eng = self.prefill or self.decode
+        return eng is not None and eng.alive and eng.paused_at is None
+
     def engines(self) -> list[SimPrefill | SimDecode]:
         return [e for e in (self.prefill, self.decode) if e is not None]
 
@@ -112,7 +119,7 @@ class SimCluster:
 
     def _poll(self, iid: str) -> None:
         inst = self.instances[iid]
-        if inst.alive and not inst.paused:
+        if inst.answers:
             self.book.set_healthy(iid, True)
             self._watching.discard(iid)
         else:
@@ -123,18 +130,14 @@ class SimCluster:
     async def sender_stats(self, instances: Sequence[str]) -> list[SenderCounters | None]:
         """Each sender's counters from the link's flows, None for a dead or stopped worker
         (it does not answer /stats); in one loop: the short-term loop asks every tick."""
-        link, byte_scale, known = self.link, self.scale.byte_scale, self.instances
+        link, wire, known = self.link, self.scale.wire_bytes, self.instances
         out: list[SenderCounters | None] = []
         for iid in instances:
-            # `SimInstance.alive` and `.paused` and `Scale.wire_bytes`, written out (four
-            # senders a tick, a thousand ticks a run)
-            inst = known[iid]
-            eng = inst.prefill or inst.decode
-            if eng is None or not eng.alive or eng.paused_at is not None or link is None:
+            if link is None or not known[iid].answers:
                 out.append(None)
                 continue
             acked, in_queue = link.counters(iid)
-            out.append(SenderCounters(acked / byte_scale, in_queue / byte_scale, 0.0))
+            out.append(SenderCounters(wire(acked), wire(in_queue), 0.0))
         return out
 
     async def switch_role(self, instance: str, role: Role, switch_s: float) -> bool:

@@ -1,6 +1,7 @@
 """`SimCluster.sender_stats`: what the short-term loop reads of the PrfaaS senders every tick,
 in wire bytes, None for a sender that would not answer (a dead or paused worker, or no link).
-It writes out `SimInstance.alive`, `.paused` and `Scale.wire_bytes`; here it is held to them."""
+A sender answers by `SimInstance.answers`, the health poll's rule; here it is held to `alive`,
+`paused` and `Scale.wire_bytes`."""
 
 from __future__ import annotations
 
@@ -79,3 +80,9 @@ def test_each_sender_answers_in_wire_bytes_unless_its_worker_would_not(byte_scal
 def test_no_link_no_answers() -> None:
     cluster = _cluster(INSTANCES, None, Scale())
     assert asyncio.run(cluster.sender_stats(["a", "decode"])) == [None, None]
+
+
+def test_answers_is_alive_and_not_paused() -> None:
+    """The health poll and the sender counters share this rule."""
+    assert [i.answers for i in INSTANCES] == [not i.paused and i.alive for i in INSTANCES]
+    assert [i.answers for i in INSTANCES] == [True, True, False, False, True, False, False]
