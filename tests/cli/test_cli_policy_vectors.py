@@ -170,7 +170,7 @@ def _free_port() -> int:
 @pytest.mark.parametrize(
     ("url", "says"),
     [
-        (f"http://127.0.0.1:{_free_port()}/route", "unreachable"),
+        ("http://127.0.0.1:{free}/route", "unreachable"),
         ("ftp://127.0.0.1/route", "write the service's URL as http://host:port/path"),
         ("http://127.0.0.1:99999/route", "not a URL with a valid port"),
         ("127.0.0.1:9000/route", "write the service's URL"),
@@ -179,6 +179,9 @@ def _free_port() -> int:
 def test_a_bad_url_or_no_service_is_one_line_and_exit_2(
     url: str, says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # the free port is found when the test runs, not in its id: every collection of the suite
+    # (pytest-xdist's workers each collect it) names the same tests
+    url = url.replace("{free}", str(_free_port()))
     rc, out, err = run([url], capsys)
     assert rc == 2 and not out
     assert err.count("\n") == 1 and says in err and "Traceback" not in err
