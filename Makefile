@@ -51,10 +51,13 @@ $(TEST_STAMP): $(MODEL_STAMP)
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q --durations=10
 
-# -n auto (pytest-xdist): the unit tests on every core; the live ones (make test, make chaos)
-# stay one at a time, since their processes share the cores.
+# make test-fast's pytest arguments (tests/test_extension_toys.py reads them from here). -n auto
+# (pytest-xdist): the unit tests on every core; the live ones (make test, make chaos) stay one
+# at a time, since their processes share the cores.
+FAST_ARGS := -n auto -m "not slow and not chaos and not compose and not model and not ray"
+
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto -m "not slow and not chaos and not compose and not model and not ray"
+	$(BIN)/python -m pytest -q $(FAST_ARGS)
 
 chaos: $(STAMP)
 	$(BIN)/python -m pytest -q -m "chaos and not model and not routers" --durations=10

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -40,9 +41,16 @@ PLACES = {
 
 LEFT_OUT = {".venv", ".git", "results", ".mypy_cache", ".ruff_cache", ".pytest_cache",
             ".hypothesis", "__pycache__"}  # fmt: skip
-FAST = "not slow and not chaos and not compose and not model and not ray"
-"""`make test-fast`'s selection."""
 INNER_TIMEOUT_S = 3600
+
+
+def fast_args() -> list[str]:
+    """`make test-fast`'s pytest arguments (its selection, on every core), read from the
+    Makefile's `FAST_ARGS` so the two cannot drift apart."""
+    for line in (ROOT / "Makefile").read_text().splitlines():
+        if line.startswith("FAST_ARGS :="):
+            return shlex.split(line.partition(":=")[2])
+    raise AssertionError("the Makefile has no `FAST_ARGS :=` line")
 
 
 def _digests(tree: Path) -> dict[str, str]:
@@ -77,8 +85,7 @@ def test_three_toy_entries_leave_the_fast_suite_green(tmp_path: Path) -> None:
     assert "docs/reference/scenario-file.md" in changed  # the fault's and checker's sections
 
     suite = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-n", "auto", "-p", "no:cacheprovider",
-         "-m", FAST],
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *fast_args()],
         cwd=tree, env=env, capture_output=True, text=True, timeout=INNER_TIMEOUT_S,
     )  # fmt: skip
     tail = "\n".join(suite.stdout.splitlines()[-40:])

@@ -56,8 +56,7 @@ class SimInstance:
     def answers(self) -> bool:
         """Whether the worker answers /health and /stats: running and not stopped. The one
         rule for the health poll and the short-term loop's sender counters."""
-        eng = self.prefill or self.decode
-        return eng is not None and eng.alive and eng.paused_at is None
+        return self.alive and not self.paused
 
     def engines(self) -> list[SimPrefill | SimDecode]:
         return [e for e in (self.prefill, self.decode) if e is not None]
