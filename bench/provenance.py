@@ -71,16 +71,26 @@ def load_text(load: tuple[float, ...]) -> str:
     return "/".join(f"{x:.2f}" for x in load)
 
 
-def cpu_model() -> str:
-    """The processor's model name as the kernel reports it (CPU seconds differ between hosts
-    of the same core count: a report says which one it ran on), or the platform's guess."""
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The processor's model name as the kernel reports it, with its family and model numbers
+    (CPU seconds differ between hosts of the same core count, by two and more between two
+    named only "Intel(R) Xeon(R) Processor": a report says which one it ran on), or the
+    platform's guess."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        fields: dict[str, str] = {}
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if not key.strip():
+                break  # the first processor's block is enough
+            fields.setdefault(key.strip(), value.strip())
     except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown processor"
+        fields = {}
+    name = fields.get("model name")
+    if name is None:
+        return platform.processor() or platform.machine() or "unknown processor"
+    if "cpu family" in fields and "model" in fields:
+        return f"{name}, family {fields['cpu family']} model {fields['model']}"
+    return name
 
 
 def provenance(script: str, argv: list[str], load_before: tuple[float, ...], setup: str) -> str:

@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -118,24 +119,42 @@ SIMULATED_CPU = re.compile(r"^simulate_s \S+ \(cpu (\S+)\).*RSS peak (\S+) GiB",
 """A run's line with the simulation's CPU seconds and the peak RSS."""
 
 
-def repeated(args: argparse.Namespace) -> int:
-    """`--repeat N`: the hour N times, one child process each (this script without
-    `--repeat` and `--report`), every run's output printed, then the median."""
-    argv = [sys.executable, __file__, "--factor", str(args.factor), "--duration",
-            str(args.duration), "--cpu", str(args.cpu), "--policy", args.policy]  # fmt: skip
-    cpu: list[float] = []
+@dataclass(frozen=True)
+class Hours:
+    """The hour run several times: each run's simulation CPU seconds and peak RSS (GiB), and
+    whether every run wrote every request to requests.jsonl."""
+
+    cpu: list[float]
+    rss: list[float]
+    every: bool
+
+
+def hours(factor: int, duration: float, cpu: int, policy: str, repeat: int) -> Hours:
+    """The hour `repeat` times, one child process each (this script without `--repeat` and
+    `--report`: a second hour in one process would start from the first one's heap), every
+    run's output printed as it ends. bench/sim_targets.py asks for it too."""
+    argv = [sys.executable, __file__, "--factor", str(factor), "--duration", str(duration),
+            "--cpu", str(cpu), "--policy", policy]  # fmt: skip
+    seconds: list[float] = []
     rss: list[float] = []
     every = True
-    for i in range(args.repeat):
+    for i in range(repeat):
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
-        print(f"run {i + 1} of {args.repeat}:")
-        print(done.stdout.rstrip())
+        print(f"run {i + 1} of {repeat}:")
+        print(done.stdout.rstrip(), flush=True)
         found = SIMULATED_CPU.search(done.stdout)
         if done.returncode != 0 or found is None:
             raise SystemExit(f"run {i + 1} failed ({done.returncode}):\n{done.stderr[-2000:]}")
-        cpu.append(float(found[1]))
+        seconds.append(float(found[1]))
         rss.append(float(found[2]))
         every = every and "(every one)" in done.stdout
+    return Hours(seconds, rss, every)
+
+
+def repeated(args: argparse.Namespace) -> int:
+    """`--repeat N`: the hour N times (`hours`), then the median judged."""
+    h = hours(args.factor, args.duration, args.cpu, args.policy, args.repeat)
+    cpu, rss, every = h.cpu, h.rss, h.every
     median = statistics.median(cpu)
     target = cpu_target(args.policy)
     print(

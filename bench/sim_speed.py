@@ -372,7 +372,7 @@ def main() -> int:
                           f"simulate {r['simulate_cpu_s']:6.2f} CPU s, command "
                           f"{r['command_cpu_s']:6.2f} CPU s, {r['requests']:.0f} requests"
                           f"{counted} (load {os.getloadavg()[0]:.2f})", flush=True)  # fmt: skip
-        table = _table(rows)
+        table = runs_table(rows)
         if args.per_copy:
             table += "\n" + per_copy.copy_table(rows) + per_copy.NOTE
         print(table)
@@ -412,12 +412,13 @@ def main() -> int:
     return 0
 
 
-def _table(rows: dict[tuple[str, str], list[dict[str, float]]]) -> str:
+def runs_table(rows: dict[tuple[str, str], list[dict[str, float]]], first: str = "code") -> str:
     """A row per (checkout, policy): medians [min-max] of its runs; with `prfaas-static` among
     the policies, each run's simulate CPU over the static run of the same round and checkout
-    (the same pair: the two ran back to back), the median of those ratios."""
+    (the same pair: the two ran back to back), the median of those ratios. `first` heads the
+    first column (bench/sim_targets.py puts the kind of run there, not a checkout)."""
     counted = any("instructions" in r for rs in rows.values() for r in rs)
-    out = ("| code | policy | runs | requests | simulate, CPU s | command, CPU s "
+    out = (f"| {first} | policy | runs | requests | simulate, CPU s | command, CPU s "
            "| simulate / prfaas-static, same pairs |"
            + (" simulate, G instructions | command, G instructions "
               "| simulate instructions / prfaas-static |" if counted else "")

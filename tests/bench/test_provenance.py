@@ -44,3 +44,32 @@ def test_only_a_report_changed_is_not_an_uncommitted_tree(
     assert commit_line() == "- commit: abc1234"
     code.write_text("x = 2\n")
     assert commit_line() == "- commit: abc1234 (with uncommitted changes in the tree)"
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 207
+model name\t: Intel(R) Xeon(R) Processor
+
+processor\t: 1
+cpu family\t: 6
+model\t\t: 143
+model name\t: another
+"""
+
+
+def test_the_machine_line_names_the_processors_family_and_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two hosts both named "Intel(R) Xeon(R) Processor" ran the same instructions at rates two
+    apart: the header tells them apart by the first processor's family and model numbers."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import provenance
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(CPUINFO)
+    assert provenance.cpu_model(info) == "Intel(R) Xeon(R) Processor, family 6 model 207"
+    info.write_text("processor\t: 0\nmodel name\t: Some ARM core\n")
+    assert provenance.cpu_model(info) == "Some ARM core"
+    assert provenance.cpu_model(tmp_path / "none")  # the platform's guess, never empty

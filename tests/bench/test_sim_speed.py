@@ -59,9 +59,9 @@ def test_the_table_has_an_instructions_column_only_when_counted(
     monkeypatch.syspath_prepend(str(BENCH))
     import sim_speed
 
-    timed = sim_speed._table({("abc", "prfaas-static"): [_row(0.7), _row(0.9)]})
+    timed = sim_speed.runs_table({("abc", "prfaas-static"): [_row(0.7), _row(0.9)]})
     assert "instructions" not in timed
-    counted = sim_speed._table(
+    counted = sim_speed.runs_table(
         {("abc", "prfaas-static"): [_row(0.7, 6.2e9), _row(0.9, 6.1e9)]}
     ).splitlines()
     assert counted[0].endswith(

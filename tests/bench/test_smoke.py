@@ -61,6 +61,24 @@ SMOKE: dict[str, list[str]] = {
         "--cpu",
         "-1",
     ],
+    "sim_targets.py": [
+        "--trace",
+        str(ROOT / "scenarios/traces/mooncake-small.jsonl"),
+        "--duration",
+        "150",
+        "--repeat",
+        "1",
+        "--times",
+        "2",
+        "--cpu",
+        "-1",
+        "--scale-factor",
+        "1",
+        "--scale-duration",
+        "60",
+        "--scale-repeat",
+        "1",
+    ],
     "sim_sweep.py": [
         "--set",
         "deployments.prfaas-pd.prfaas.instances=2,4",
@@ -104,6 +122,7 @@ SECTION = {
     "sim_growth.py": "growth-x2",
     "sim_scale.py": "sim_scale-prfaas-static",
     "sim_sweep.py": "sim_sweep",
+    "sim_targets.py": "sim_targets",
     "walkthrough.py": "walkthrough-vectors",
 }
 """Scripts whose smoke run also writes its `--report` section (named so)."""

@@ -1,0 +1,237 @@
+"""Where issue #35's simulation targets stand on this host, every figure judged, in one command.
+
+The targets are CPU seconds, and CPU seconds belong to the host: the same instructions took
+0.4 CPU s on one of this project's hosts and 1.0 on another, and a shared host moves a figure
+by a quarter between runs. So the figures are measured together, in interleaved rounds pinned
+to one core (bench/sim_speed.py's runs), and judged side by side:
+
+- each round runs the shared trace once (x1) under prfaas-static, prfaas and prfaas-predict
+  without the timeline (the simulation's CPU seconds, and the command's), the same three with
+  the timeline drawn (`testbed run`'s default files: the whole command), and the trace ten
+  times end to end (x10; bench/sim_speed.py's `--times`);
+- then the 10K-GPU hour (bench/sim_scale.py's `--repeat`) under prfaas-static and prfaas, each
+  hour in its own process (`--no-scale` leaves it out: about two minutes an hour);
+- with `--instructions`, one x1 run per policy under callgrind: the instruction ratios, which
+  do not depend on the host (about 30x slower).
+
+    python bench/sim_targets.py --trace ../shared/traces/mooncake_synthetic_trace.jsonl \\
+        [--repeat 5] [--times 10] [--scale-repeat 3 | --no-scale] [--instructions] \\
+        [--report bench/reports/sim_targets.md]
+
+The ratios are the median of each round's ratio (the two runs of a pair ran back to back);
+x10 against x1 is the median of ten copies over the median of one. The link emulator's and the
+KV path's targets compare the code with the code before a change (bench/link_cpu.py,
+bench/transfer_cpu.py), so they are not judged here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import sim_scale  # bench/ is on sys.path
+from provenance import markdown_section
+from sim_speed import ROOT, compile_package, one_run, run_argv, runs_table, tiled_trace
+
+POLICIES = ("prfaas-static", "prfaas", "prfaas-predict")
+STATIC = "prfaas-static"
+Rows = dict[str, list[dict[str, float]]]
+"""Policy -> its runs, round by round."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    target: str
+    figure: str
+    met: bool
+
+
+def _spread(xs: list[float], fmt: str = "{:.2f}") -> str:
+    return f"{fmt.format(statistics.median(xs))} [{fmt.format(min(xs))}-{fmt.format(max(xs))}]"
+
+
+def _paired(rows: Rows, policy: str, key: str = "simulate_cpu_s") -> list[float]:
+    """Each round's `policy` figure over prfaas-static's of the same round."""
+    return [r[key] / s[key] for r, s in zip(rows[policy], rows[STATIC], strict=True)]
+
+
+def verdicts(
+    x1: Rows,
+    timeline: Rows,
+    many: Rows,
+    times: int,
+    hours: dict[str, sim_scale.Hours],
+) -> list[Verdict]:
+    """Issue #35's targets, each with its figure: `x1`, `timeline` (x1 with timeline.png) and
+    `many` (the trace `times` times) hold each policy's runs round by round; `hours` the
+    10K-GPU hours per policy (none: not judged)."""
+    sim = {p: [r["simulate_cpu_s"] for r in x1[p]] for p in x1}
+    out = [
+        Verdict(
+            "prfaas-static, simulation of the trace <= 0.65 CPU s",
+            f"{_spread(sim[STATIC])} s",
+            statistics.median(sim[STATIC]) <= 0.65,
+        )
+    ]
+    for policy in POLICIES[1:]:
+        ratios = _paired(x1, policy)
+        out.append(
+            Verdict(
+                f"{policy} <= 1.3x prfaas-static, same pairs",
+                f"{_spread(ratios)}x",
+                statistics.median(ratios) <= 1.3,
+            )
+        )
+    for policy in POLICIES:
+        if policy not in many:
+            continue
+        per_round = [
+            m["simulate_cpu_s"] / one["simulate_cpu_s"]
+            for m, one in zip(many[policy], x1[policy], strict=True)
+        ]
+        growth = statistics.median(r["simulate_cpu_s"] for r in many[policy]) / statistics.median(
+            sim[policy]
+        )
+        out.append(
+            Verdict(
+                f"{policy}, x{times} <= {1.05 * times:g}x x1",
+                f"{growth:.2f}x (rounds {min(per_round):.2f}-{max(per_round):.2f}x)",
+                growth <= 1.05 * times,
+            )
+        )
+    for policy in POLICIES:
+        # the issue's alternatives: the same files (timeline.png drawn, as `testbed run` does
+        # by default) within 2.0 s, or within 1.5 s with the timeline left to `testbed timeline`
+        drawn = [r["command_cpu_s"] for r in timeline[policy]]
+        bare = [r["command_cpu_s"] for r in x1[policy]]
+        out.append(
+            Verdict(
+                f"{policy}, the whole command <= 2.0 CPU s with timeline.png, or <= 1.5 "
+                "with `--no-timeline`",
+                f"{_spread(drawn)} s with, {_spread(bare)} s without",
+                statistics.median(drawn) <= 2.0 or statistics.median(bare) <= 1.5,
+            )
+        )
+    for policy, h in hours.items():
+        target = sim_scale.cpu_target(policy)
+        out.append(
+            Verdict(
+                f"{policy}, the 10K-GPU hour <= {target} CPU s",
+                f"{_spread(h.cpu, '{:.1f}')} s",
+                statistics.median(h.cpu) <= target,
+            )
+        )
+        out.append(
+            Verdict(
+                f"{policy}, the 10K-GPU hour's peak RSS <= 1 GiB, every request in requests.jsonl",
+                f"{max(h.rss):.2f} GiB at most; every request: {'yes' if h.every else 'no'}",
+                max(h.rss) <= 1 and h.every,
+            )
+        )
+    return out
+
+
+def verdict_table(found: list[Verdict]) -> str:
+    lines = ["| target | on this host: median [min-max] | verdict |", "|---|---|---|"]
+    lines += [f"| {v.target} | {v.figure} | {'met' if v.met else 'NOT met'} |" for v in found]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--scenario", default="scenarios/mooncake-trace.yaml")
+    ap.add_argument("--trace", type=Path, required=True, help="the Mooncake JSONL trace")
+    ap.add_argument("--duration", type=float, default=1100.0, help="seconds (of one copy)")
+    ap.add_argument("--repeat", type=int, default=5, help="rounds (each runs every policy)")
+    ap.add_argument("--times", type=int, default=10, help="copies of the trace for growth")
+    ap.add_argument("--cpu", type=int, default=1, help="core to pin the runs to (-1: none)")
+    ap.add_argument("--scale-repeat", type=int, default=3, help="10K-GPU hours per policy")
+    ap.add_argument("--scale-factor", type=int, default=104, help="bench/sim_scale.py's")
+    ap.add_argument("--scale-duration", type=float, default=3600.0, help="seconds of the hour")
+    ap.add_argument("--no-scale", action="store_true", help="leave the 10K-GPU hour out")
+    ap.add_argument(
+        "--instructions", action="store_true",
+        help="also count each policy's x1 instructions once under callgrind (host-independent)",
+    )  # fmt: skip
+    ap.add_argument("--report", type=Path, help="write the verdicts and tables here")
+    args = ap.parse_args()
+    if args.repeat < 1 or args.times < 2 or args.scale_repeat < 1:
+        ap.error("--repeat and --scale-repeat must be at least 1, --times at least 2")
+    if not args.trace.is_file():
+        ap.error(f"--trace {args.trace}: no such file")
+    if args.instructions and not shutil.which("valgrind"):
+        ap.error("--instructions needs valgrind (Debian: valgrind)")
+    cpu = None if args.cpu < 0 else args.cpu
+    load_before = os.getloadavg()
+    x1: Rows = {}
+    timeline: Rows = {}
+    many: Rows = {}
+    counted: Rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = args.trace.resolve()
+        tiled = tiled_trace(trace, args.times, Path(tmp) / "tiled.jsonl")
+        compile_package(ROOT)
+
+        def run(
+            rows: Rows, policy: str, what: str, argv: list[str], counting: bool = False
+        ) -> None:
+            r = one_run(ROOT, argv, cpu, Path(tempfile.mkdtemp(dir=tmp)), counting)
+            rows.setdefault(policy, []).append(r)
+            print(f"{policy:<15} {what:<14} simulate {r['simulate_cpu_s']:6.2f} CPU s, command "
+                  f"{r['command_cpu_s']:6.2f} CPU s (load {os.getloadavg()[0]:.2f})",
+                  flush=True)  # fmt: skip
+
+        for i in range(args.repeat):
+            print(f"round {i + 1} of {args.repeat}", flush=True)
+            for policy in POLICIES:
+                argv = run_argv(args.scenario, args.duration, trace, policy, None)
+                run(x1, policy, "x1", argv)
+                run(timeline, policy, "x1, timeline", [a for a in argv if a != "--no-timeline"])
+                argv = run_argv(args.scenario, args.duration * args.times, tiled, policy, None)
+                run(many, policy, f"x{args.times}", argv)
+        for policy in POLICIES if args.instructions else ():
+            argv = run_argv(args.scenario, args.duration, trace, policy, None)
+            run(counted, policy, "instructions", argv, counting=True)
+    hours: dict[str, sim_scale.Hours] = {}
+    if not args.no_scale:
+        for policy in POLICIES[:2]:
+            print(f"the 10K-GPU hour under {policy}, {args.scale_repeat} runs:", flush=True)
+            hours[policy] = sim_scale.hours(
+                args.scale_factor, args.scale_duration, args.cpu, policy, args.scale_repeat
+            )
+    found = verdicts(x1, timeline, many, args.times, hours)
+    text = "\n".join([
+        f"{sum(v.met for v in found)} of {len(found)} targets met on this host.\n",
+        verdict_table(found),
+        "The runs, median [min-max] per policy (the x1 runs without the timeline):\n",
+        runs_table({("x1", p): rs for p, rs in x1.items()}
+                   | {("x1, timeline", p): rs for p, rs in timeline.items()}
+                   | {(f"x{args.times}", p): rs for p, rs in many.items()}, first="runs"),
+    ])  # fmt: skip
+    if counted:
+        ratio = {p: counted[p][0]["simulate_instructions"] for p in POLICIES}
+        text += "\nInstructions of the simulation, x1, one run each (callgrind; any host):\n\n"
+        text += "| policy | G instructions | / prfaas-static |\n|---|---|---|\n"
+        text += "".join(f"| {p} | {ratio[p] / 1e9:.3f} | {ratio[p] / ratio[STATIC]:.2f}x |\n"
+                        for p in POLICIES)  # fmt: skip
+    print(text)
+    if args.report is not None:
+        setup = (f"{args.scenario} on the sim substrate, its seed, trace {args.trace.name} "
+                 f"(x1 and x{args.times}); runs pinned to core {cpu}, one at a time, "
+                 f"interleaved; 10K-GPU: bench/sim_scale.py x{args.scale_factor}"
+                 + (" (not run)" if args.no_scale else ""))  # fmt: skip
+        markdown_section(args.report, "sim_targets", "Issue #35's simulation targets",
+                         load_before, setup, text)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
