@@ -150,6 +150,10 @@ def main() -> int:
     ap.add_argument("--scenario", default="scenarios/mooncake-trace.yaml")
     ap.add_argument("--trace", type=Path, required=True, help="the Mooncake JSONL trace")
     ap.add_argument("--duration", type=float, default=1100.0, help="seconds (of one copy)")
+    ap.add_argument(
+        "--set", action="append", default=["workload.arrivals.load=null"],
+        help="PATH=VALUE, as testbed run's (repeatable; default: the trace at its own times)",
+    )  # fmt: skip
     ap.add_argument("--repeat", type=int, default=5, help="rounds (each runs every policy)")
     ap.add_argument("--times", type=int, default=10, help="copies of the trace for growth")
     ap.add_argument("--cpu", type=int, default=1, help="core to pin the runs to (-1: none)")
@@ -192,13 +196,13 @@ def main() -> int:
         for i in range(args.repeat):
             print(f"round {i + 1} of {args.repeat}", flush=True)
             for policy in POLICIES:
-                argv = run_argv(args.scenario, args.duration, trace, policy, None)
+                argv = run_argv(args.scenario, args.duration, trace, policy, args.set)
                 run(x1, policy, "x1", argv)
                 run(timeline, policy, "x1, timeline", [a for a in argv if a != "--no-timeline"])
-                argv = run_argv(args.scenario, args.duration * args.times, tiled, policy, None)
+                argv = run_argv(args.scenario, args.duration * args.times, tiled, policy, args.set)
                 run(many, policy, f"x{args.times}", argv)
         for policy in POLICIES if args.instructions else ():
-            argv = run_argv(args.scenario, args.duration, trace, policy, None)
+            argv = run_argv(args.scenario, args.duration, trace, policy, args.set)
             run(counted, policy, "instructions", argv, counting=True)
     hours: dict[str, sim_scale.Hours] = {}
     if not args.no_scale:
