@@ -39,6 +39,7 @@ import sim_scale  # bench/ is on sys.path
 from provenance import markdown_section
 from sim_speed import ROOT, compile_package, one_run, run_argv, runs_table, tiled_trace
 
+TITLE = "Issue #35's simulation targets, each judged on one host"
 POLICIES = ("prfaas-static", "prfaas", "prfaas-predict")
 STATIC = "prfaas-static"
 Rows = dict[str, list[dict[str, float]]]
@@ -228,6 +229,8 @@ def main() -> int:
                         for p in POLICIES)  # fmt: skip
     print(text)
     if args.report is not None:
+        if not args.report.exists():
+            args.report.write_text(f"# {TITLE} (bench/sim_targets.py)\n")
         setup = (f"{args.scenario} on the sim substrate, its seed, trace {args.trace.name} "
                  f"(x1 and x{args.times}); runs pinned to core {cpu}, one at a time, "
                  f"interleaved; 10K-GPU: bench/sim_scale.py x{args.scale_factor}"
