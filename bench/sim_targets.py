@@ -10,7 +10,8 @@ to one core (bench/sim_speed.py's runs), and judged side by side:
   the timeline drawn (`testbed run`'s default files: the whole command), and the trace ten
   times end to end (x10; bench/sim_speed.py's `--times`);
 - then the 10K-GPU hour (bench/sim_scale.py's `--repeat`) under prfaas-static and prfaas, each
-  hour in its own process (`--no-scale` leaves it out: about two minutes an hour);
+  hour in its own process (`--no-scale` leaves it out: two to three minutes an hour on this
+  project's hosts);
 - with `--instructions`, one x1 run per policy under callgrind: the instruction ratios, which
   do not depend on the host (about 30x slower).
 
@@ -48,6 +49,8 @@ Rows = dict[str, list[dict[str, float]]]
 
 @dataclass(frozen=True)
 class Verdict:
+    """One target of the issue, the figure this host gave for it, and whether it is met."""
+
     target: str
     figure: str
     met: bool
@@ -172,8 +175,8 @@ def main() -> int:
         ap.error("--repeat and --scale-repeat must be at least 1, --times at least 2")
     if not args.trace.is_file():
         ap.error(f"--trace {args.trace}: no such file")
-    if args.instructions and not shutil.which("valgrind"):
-        ap.error("--instructions needs valgrind (Debian: valgrind)")
+    if args.instructions and not (shutil.which("valgrind") and shutil.which("callgrind_control")):
+        ap.error("--instructions needs valgrind and callgrind_control (Debian: valgrind)")
     cpu = None if args.cpu < 0 else args.cpu
     load_before = os.getloadavg()
     x1: Rows = {}
