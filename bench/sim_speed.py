@@ -412,6 +412,21 @@ def main() -> int:
     return 0
 
 
+def spread(xs: list[float], fmt: str = "{:.2f}", unit: str = "") -> str:
+    """`median [min-max]` of `xs` (`unit` after the median: "x" for a ratio), how the tables
+    of this script and bench/sim_targets.py show a figure of several runs."""
+    lo, mid, hi = (fmt.format(x) for x in (min(xs), statistics.median(xs), max(xs)))
+    return f"{mid}{unit} [{lo}-{hi}]"
+
+
+def pair_ratios(
+    rs: list[dict[str, float]], base: list[dict[str, float]], key: str = "simulate_cpu_s"
+) -> list[float]:
+    """Each run's `key` over that of the `base` run of the same round (usually prfaas-static's:
+    the two ran back to back, under the same load)."""
+    return [r[key] / b[key] for r, b in zip(rs, base, strict=True)]
+
+
 def runs_table(rows: dict[tuple[str, str], list[dict[str, float]]], first: str = "code") -> str:
     """A row per (checkout, policy): medians [min-max] of its runs; with `prfaas-static` among
     the policies, each run's simulate CPU over the static run of the same round and checkout
@@ -426,18 +441,15 @@ def runs_table(rows: dict[tuple[str, str], list[dict[str, float]]], first: str =
            + "\n")  # fmt: skip
 
     def fig(rs: list[dict[str, float]], key: str) -> str:
-        xs = [r[key] for r in rs]
-        return f"{statistics.median(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]"
+        return spread([r[key] for r in rs])
 
     def paired(rs: list[dict[str, float]], static: list[dict[str, float]] | None, key: str) -> str:
         if static is None or len(static) != len(rs):
             return "-"
-        xs = [r[key] / s[key] for r, s in zip(rs, static, strict=True)]
-        return f"{statistics.median(xs):.2f}x [{min(xs):.2f}-{max(xs):.2f}]"
+        return spread(pair_ratios(rs, static, key), unit="x")
 
     def giga(rs: list[dict[str, float]], key: str) -> str:
-        xs = [r[key] / 1e9 for r in rs]
-        return f"{statistics.median(xs):.3f} [{min(xs):.3f}-{max(xs):.3f}]"
+        return spread([r[key] / 1e9 for r in rs], "{:.3f}")
 
     for (code, policy), rs in rows.items():
         static = rows.get((code, "prfaas-static"))

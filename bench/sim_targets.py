@@ -38,7 +38,16 @@ from pathlib import Path
 
 import sim_scale  # bench/ is on sys.path
 from provenance import markdown_section
-from sim_speed import ROOT, compile_package, one_run, run_argv, runs_table, tiled_trace
+from sim_speed import (
+    ROOT,
+    compile_package,
+    one_run,
+    pair_ratios,
+    run_argv,
+    runs_table,
+    spread,
+    tiled_trace,
+)
 
 TITLE = "Issue #35's simulation targets, each judged on one host"
 POLICIES = ("prfaas-static", "prfaas", "prfaas-predict")
@@ -56,15 +65,6 @@ class Verdict:
     met: bool
 
 
-def _spread(xs: list[float], fmt: str = "{:.2f}") -> str:
-    return f"{fmt.format(statistics.median(xs))} [{fmt.format(min(xs))}-{fmt.format(max(xs))}]"
-
-
-def _paired(rows: Rows, policy: str, key: str = "simulate_cpu_s") -> list[float]:
-    """Each round's `policy` figure over prfaas-static's of the same round."""
-    return [r[key] / s[key] for r, s in zip(rows[policy], rows[STATIC], strict=True)]
-
-
 def verdicts(
     x1: Rows,
     timeline: Rows,
@@ -79,26 +79,21 @@ def verdicts(
     out = [
         Verdict(
             "prfaas-static, simulation of the trace <= 0.65 CPU s",
-            f"{_spread(sim[STATIC])} s",
+            f"{spread(sim[STATIC])} s",
             statistics.median(sim[STATIC]) <= 0.65,
         )
     ]
     for policy in POLICIES[1:]:
-        ratios = _paired(x1, policy)
+        ratios = pair_ratios(x1[policy], x1[STATIC])
         out.append(
             Verdict(
                 f"{policy} <= 1.3x prfaas-static, same pairs",
-                f"{_spread(ratios)}x",
+                spread(ratios, unit="x"),
                 statistics.median(ratios) <= 1.3,
             )
         )
     for policy in POLICIES:
-        if policy not in many:
-            continue
-        per_round = [
-            m["simulate_cpu_s"] / one["simulate_cpu_s"]
-            for m, one in zip(many[policy], x1[policy], strict=True)
-        ]
+        per_round = pair_ratios(many[policy], x1[policy])
         growth = statistics.median(r["simulate_cpu_s"] for r in many[policy]) / statistics.median(
             sim[policy]
         )
@@ -118,7 +113,7 @@ def verdicts(
             Verdict(
                 f"{policy}, the whole command <= 2.0 CPU s with timeline.png, or <= 1.5 "
                 "with `--no-timeline`",
-                f"{_spread(drawn)} s with, {_spread(bare)} s without",
+                f"{spread(drawn)} s with, {spread(bare)} s without",
                 statistics.median(drawn) <= 2.0 or statistics.median(bare) <= 1.5,
             )
         )
@@ -127,7 +122,7 @@ def verdicts(
         out.append(
             Verdict(
                 f"{policy}, the 10K-GPU hour <= {target} CPU s",
-                f"{_spread(h.cpu, '{:.1f}')} s",
+                f"{spread(h.cpu, '{:.1f}')} s",
                 statistics.median(h.cpu) <= target,
             )
         )
