@@ -118,7 +118,8 @@ def test_a_service_answering_500_fails_the_run_on_the_sim(tmp_path: Path) -> Non
     """Acceptance (#30): every decision falls back; the run says so and exits 1."""
     sc = chaos_variant("burst", duration=20.0)
     with serve(Replay(500, '{"error": "down"}').app()) as base:
-        opts = RunOptions(substrate="sim", policy=f"{base}/route#timeout=1s",
+        # 10 s: every 500 is read as "status", never "late", with both cores busy (xdist)
+        opts = RunOptions(substrate="sim", policy=f"{base}/route#timeout=10s",
                           out_dir=tmp_path, progress=False)  # fmt: skip
         result = run_sim(prepare_run(sc, opts), opts)
     checks = {c.name: c for c in result.checks}

@@ -196,7 +196,9 @@ def test_cli_a_service_answering_500_is_not_judged_and_exits_1(
     burst = short_scenario(tmp_path, "burst", 40)
     out = tmp_path / "out"
     with serve(Replay(500, '{"error": "down"}').app()) as base:
-        policy = f"{base}/route#timeout=1s&fallback=prfaas-static"
+        # the service answers 500 at once; a 10 s deadline keeps a decision from reading
+        # "late" when the fast suite's other worker holds the second core (seen at 1 s)
+        policy = f"{base}/route#timeout=10s&fallback=prfaas-static"
         argv = ["scorecard", "--policy", policy, "--scenarios", str(burst), "--seeds", "1",
                 "--no-cache", "--out", str(out)]  # fmt: skip
         rc = main(argv)
