@@ -182,7 +182,7 @@ def test_a_sim_run_of_a_good_service_accounts_for_every_decision(tmp_path: Path)
     with serve(example_app()) as base:
         sc = chaos_variant("burst", duration=10.0)
         opts = RunOptions(substrate="sim", out_dir=tmp_path, drain_timeout_s=30,
-                          policy=f"{base}/route#timeout=2s&fallback=prfaas-nolongterm")  # fmt: skip
+                          policy=f"{base}/route#timeout=10s&fallback=prfaas-nolongterm")  # fmt: skip
         result = run_sim(prepare_run(sc, opts), opts)
     d = result.summary["decisions"]
     n = result.summary["requests"]["submitted"]

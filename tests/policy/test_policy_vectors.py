@@ -189,7 +189,7 @@ def test_answer_http_form(path: Path) -> None:
     vec = load(path)
     ans = vec["answer"]
     with serve(Replay(ans["status"], ans["body"]).app()) as base:
-        dec = Decider.for_spec(f"{base}/route#timeout=2s")
+        dec = Decider.for_spec(f"{base}/route#timeout=10s")
         try:
             snap = snapshot_from_doc(vec["decision"]["snapshot"])
             expect_decision(dec, decode_request(vec["decision"]["request"]), snap, vec["expect"])
