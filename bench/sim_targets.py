@@ -17,7 +17,7 @@ to one core (bench/sim_speed.py's runs), and judged side by side:
 
     python bench/sim_targets.py --trace ../shared/traces/mooncake_synthetic_trace.jsonl \\
         [--repeat 5] [--times 10] [--scale-repeat 3 | --no-scale] [--instructions] \\
-        [--report bench/reports/sim_targets.md]
+        [--report bench/reports/sim_targets.md [--title HOST]]
 
 The ratios are the median of each round's ratio (the two runs of a pair ran back to back);
 x10 against x1 is the median of ten copies over the median of one. The link emulator's and the
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -165,6 +166,10 @@ def main() -> int:
         help="also count each policy's x1 instructions once under callgrind (host-independent)",
     )  # fmt: skip
     ap.add_argument("--report", type=Path, help="write the verdicts and tables here")
+    ap.add_argument(
+        "--title", help="the report section's name (the host, say): a run replaces only the "
+        "section of its own title, so one report keeps the verdicts of several hosts"
+    )  # fmt: skip
     args = ap.parse_args()
     if args.repeat < 1 or args.times < 2 or args.scale_repeat < 1:
         ap.error("--repeat and --scale-repeat must be at least 1, --times at least 2")
@@ -233,9 +238,19 @@ def main() -> int:
                  f"(x1 and x{args.times}); runs pinned to core {cpu}, one at a time, "
                  f"interleaved; 10K-GPU: bench/sim_scale.py x{args.scale_factor}"
                  + (" (not run)" if args.no_scale else ""))  # fmt: skip
-        markdown_section(args.report, "sim_targets", "Issue #35's simulation targets",
-                         load_before, setup, text)  # fmt: skip
+        name, heading = section(args.title)
+        markdown_section(args.report, name, heading, load_before, setup, text)
     return 0
+
+
+def section(title: str | None) -> tuple[str, str]:
+    """The report section (marker name, heading) a run writes: the verdicts are the host's, so
+    runs on other hosts, each under its own `--title`, keep their sections side by side."""
+    heading = "Issue #35's simulation targets"
+    if not title:
+        return "sim_targets", heading
+    slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+    return f"sim_targets-{slug}", f"{heading}: {title}"
 
 
 if __name__ == "__main__":

@@ -94,3 +94,19 @@ def test_the_hour_is_judged_on_its_median_and_its_worst_rss(targets: Any) -> Non
     assert not judged[f"prfaas, {rss}"]
     lost = {"prfaas-static": sim_scale.Hours([100.0], [0.5], False)}
     assert not _judged(targets, hours=lost)[f"prfaas-static, {rss}"]
+
+
+def test_each_title_is_a_section_of_its_own(targets: Any, tmp_path: Path) -> None:
+    """A run under another --title (another host) adds its section and keeps the others; the
+    same title replaces its own."""
+    from provenance import write_section
+
+    report = tmp_path / "r.md"
+    assert targets.section(None) == ("sim_targets", "Issue #35's simulation targets")
+    for title, text in (("Intel Xeon, family 6 model 207", "one\n"), ("AMD EPYC", "two\n"),
+                        ("Intel Xeon, family 6 model 207", "three\n")):  # fmt: skip
+        write_section(report, *targets.section(title), text)
+    body = report.read_text()
+    assert "## Issue #35's simulation targets: Intel Xeon, family 6 model 207" in body
+    assert "<!-- sim_targets-intel-xeon-family-6-model-207:start -->" in body
+    assert "three" in body and "two" in body and "one" not in body
