@@ -19,7 +19,7 @@ from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.schema import Scenario, load_scenario
 from testbed.scenario.sim_run import run_sim
 from tests.chaos.harness import chaos_variant
-from tests.policy.servers import Replay, serve
+from tests.policy.servers import PROMPT, Replay, serve
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "data" / "tiny.yaml"
@@ -118,8 +118,7 @@ def test_a_service_answering_500_fails_the_run_on_the_sim(tmp_path: Path) -> Non
     """Acceptance (#30): every decision falls back; the run says so and exits 1."""
     sc = chaos_variant("burst", duration=20.0)
     with serve(Replay(500, '{"error": "down"}').app()) as base:
-        # 10 s: every 500 is read as "status", never "late", with both cores busy (xdist)
-        opts = RunOptions(substrate="sim", policy=f"{base}/route#timeout=10s",
+        opts = RunOptions(substrate="sim", policy=f"{base}/route#{PROMPT}",
                           out_dir=tmp_path, progress=False)  # fmt: skip
         result = run_sim(prepare_run(sc, opts), opts)
     checks = {c.name: c for c in result.checks}

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from servers import serve
+from servers import PROMPT, serve
 
 from testbed.metrics.thresholds import threshold_lines
 from testbed.metrics.timeline import write_timeline
@@ -195,7 +195,7 @@ class ThresholdService:
 def test_an_http_policy_sees_the_link_and_reports_its_own_threshold(tmp_path: Path) -> None:
     service = ThresholdService()
     with serve(service.app()) as base:
-        result = _run(f"{base}/route#timeout=10s", tmp_path)  # default fallback: prfaas-static
+        result = _run(f"{base}/route#{PROMPT}", tmp_path)  # default fallback: prfaas-static
     dec = result.summary["decisions"]
     assert dec["by"]["fallback"] == 1 and dec["by"]["policy"] == len(service.links)
     # (a) the link view, on the wire: null before the first sample, then measured

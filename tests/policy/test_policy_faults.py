@@ -26,7 +26,7 @@ from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.schema import Scenario
 from testbed.scenario.sim_run import run_sim
 from tests.chaos.harness import chaos_variant
-from tests.policy.servers import EXAMPLE, Replay, serve
+from tests.policy.servers import EXAMPLE, PROMPT, Replay, serve
 
 
 @pytest.fixture(autouse=True)
@@ -232,7 +232,7 @@ def test_debug_validate_checks_answers_against_the_schemas() -> None:
     ).replace('"prefill_instance": "p0"', '"prefill_instance": 7')
     with serve(Replay(200, bad).app()) as base:
         for frag, needle in (("", "must be strings"), ("&validate=1", "schema")):
-            dec = Decider.for_spec(f"{base}/route#timeout=10s{frag}")
+            dec = Decider.for_spec(f"{base}/route#{PROMPT}{frag}")
             d = dec.decide(RequestView("q", 9000, 10), snap)
             dec.close()
             assert d.decided_by == "fallback" and needle in (d.fallback_reason or ""), d

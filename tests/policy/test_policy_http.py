@@ -25,7 +25,7 @@ from testbed.policy.protocol import DeltaEncoder, Outcome, SnapshotMirror
 from testbed.scenario.plan import RunOptions, prepare_run
 from testbed.scenario.sim_run import run_sim
 from tests.chaos.harness import chaos_variant
-from tests.policy.servers import SERVICE_KEY, Replay, example_app, serve
+from tests.policy.servers import PROMPT, SERVICE_KEY, Replay, example_app, serve
 
 ROUTE = {"prefill_cluster": "prfaas", "prefill_instance": "p1", "decode_instance": "d0",
          "uncached_tokens": 9000}  # fmt: skip
@@ -234,7 +234,7 @@ async def test_a_slow_service_falls_back_within_the_timeout(blocking: bool) -> N
 async def test_a_good_service_decides_with_deltas_and_resyncs(blocking: bool) -> None:
     app = example_app()
     with serve(app) as base:
-        dec = Decider.for_spec(f"{base}/route#timeout=10s&validate=1")
+        dec = Decider.for_spec(f"{base}/route#{PROMPT}&validate=1")
         policy = dec.policy
         assert isinstance(policy, HttpPolicy)
 
@@ -307,7 +307,7 @@ def test_both_forms_of_the_example_route_alike_on_the_sim(tmp_path: Path) -> Non
     with serve(example_app()) as base:
         for form, spec in (
             ("plugin", "least_ttft.plugin:LeastTTFT"),
-            ("http", f"{base}/route#timeout=10s&fallback=prfaas-nolongterm"),
+            ("http", f"{base}/route#{PROMPT}&fallback=prfaas-nolongterm"),
         ):
             opts = RunOptions(substrate="sim", out_dir=tmp_path / form, policy=spec,
                               drain_timeout_s=30)  # fmt: skip

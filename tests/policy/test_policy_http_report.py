@@ -28,7 +28,7 @@ from testbed.services.router.api import create_app
 from testbed.services.router.lag import LoopLag
 from testbed.services.spec import ServiceSpec
 from tests.chaos.harness import chaos_variant
-from tests.policy.servers import example_app, serve
+from tests.policy.servers import PROMPT, example_app, serve
 
 
 @pytest.fixture(autouse=True)
@@ -181,7 +181,7 @@ async def test_the_router_says_its_fallback_and_loop_lag_in_stats(
 def test_a_sim_run_of_a_good_service_accounts_for_every_decision(tmp_path: Path) -> None:
     with serve(example_app()) as base:
         sc = chaos_variant("burst", duration=10.0)
-        policy = f"{base}/route#timeout=10s&fallback=prfaas-nolongterm"
+        policy = f"{base}/route#{PROMPT}&fallback=prfaas-nolongterm"
         opts = RunOptions(substrate="sim", out_dir=tmp_path, drain_timeout_s=30, policy=policy)
         result = run_sim(prepare_run(sc, opts), opts)
     d = result.summary["decisions"]

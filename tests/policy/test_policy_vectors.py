@@ -30,7 +30,7 @@ from testbed.policy.protocol import (
     encode_route,
     snapshot_from_doc,
 )
-from tests.policy.servers import Replay, example_app, serve
+from tests.policy.servers import PROMPT, Replay, example_app, serve
 
 VECTORS = sorted(VECTORS_DIR.glob("*.json"))
 DECISIONS = [p for p in VECTORS if not p.stem.startswith("answer-")]
@@ -189,7 +189,7 @@ def test_answer_http_form(path: Path) -> None:
     vec = load(path)
     ans = vec["answer"]
     with serve(Replay(ans["status"], ans["body"]).app()) as base:
-        dec = Decider.for_spec(f"{base}/route#timeout=10s")
+        dec = Decider.for_spec(f"{base}/route#{PROMPT}")
         try:
             snap = snapshot_from_doc(vec["decision"]["snapshot"])
             expect_decision(dec, decode_request(vec["decision"]["request"]), snap, vec["expect"])

@@ -16,7 +16,7 @@ from testbed.scenario.library import LIBRARY_DIR
 from testbed.scenario.schema import load_scenario
 from testbed.scenario.scorecard import HINDSIGHT, run_scorecard
 from testbed.scenario.short import short_variant
-from tests.policy.servers import Replay, serve
+from tests.policy.servers import PROMPT, Replay, serve
 from tests.policy.test_policy_plugins import make_package
 from tests.scenario.test_hindsight import drop, short_scenario
 
@@ -196,9 +196,7 @@ def test_cli_a_service_answering_500_is_not_judged_and_exits_1(
     burst = short_scenario(tmp_path, "burst", 40)
     out = tmp_path / "out"
     with serve(Replay(500, '{"error": "down"}').app()) as base:
-        # the service answers 500 at once; a 10 s deadline keeps a decision from reading
-        # "late" when the fast suite's other worker holds the second core (seen at 1 s)
-        policy = f"{base}/route#timeout=10s&fallback=prfaas-static"
+        policy = f"{base}/route#{PROMPT}&fallback=prfaas-static"
         argv = ["scorecard", "--policy", policy, "--scenarios", str(burst), "--seeds", "1",
                 "--no-cache", "--out", str(out)]  # fmt: skip
         rc = main(argv)
