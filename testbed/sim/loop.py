@@ -243,8 +243,9 @@ def young_collections() -> Iterator[None]:
     thresholds every few hundred thousand allocations the collector scanned that whole growing
     heap: a fifth of the CPU of ten copies of the Mooncake trace, and the reason the sim grew
     faster than its trace. Here the objects made before the run are frozen (never scanned),
-    young collections are rarer, and a full one waits for 100 older ones; cycles still die
-    in the young generations, where the simulation's cycles die. A young collection every
+    young collections are rarer, and a full one waits for 100 older ones; a cycle still dies
+    in the young generations (the simulation makes few: the young collections of ten copies of
+    the Mooncake trace under prfaas-static freed no object). A young collection every
     10,000 net allocations still cost ten copies under prfaas-static 0.23 CPU s of 5.3 (18
     young and one middle collection over the records and queued requests it keeps); every
     100,000, 0.07 in one (timed with gc.callbacks; bench/reports/sim_speed.md has the pairs).
