@@ -22,9 +22,9 @@ if str(EXAMPLE) not in sys.path:  # the example is its own package; tests use it
 START_TIMEOUT_S = 10.0
 PROMPT = "timeout=10s"
 """The policy spec's deadline fragment for a service that answers at once, in tests that assert
-how each decision was read (by the policy, or a fallback for its status): long enough that a
-decision never reads "late" while the fast suite's other xdist worker holds the second core
-(seen at 1 s), and a deadline changes only what a stall is read as."""
+how each decision was read (by the policy, or a fallback for its status) or that its feedback
+post arrived: long enough that neither reads "late" while the fast suite's other xdist worker
+holds the second core (seen at 1 s), and a deadline changes only what a stall is read as."""
 
 
 class Replay:
