@@ -1,4 +1,4 @@
-"""Where issue #35's simulation targets stand on this host, every figure judged, in one command.
+"""Where issue #35's targets stand on this host, every figure judged, in one command.
 
 The targets are CPU seconds, and CPU seconds belong to the host: the same instructions took
 0.4 CPU s on one of this project's hosts and 1.0 on another, and a shared host moves a figure
@@ -13,16 +13,18 @@ to one core (bench/sim_speed.py's runs), and judged side by side:
   hour in its own process (`--no-scale` leaves it out: two to three minutes an hour on this
   project's hosts);
 - with `--instructions`, one x1 run per policy under callgrind: the instruction ratios, which
-  do not depend on the host (about 30x slower).
+  do not depend on the host (about 30x slower);
+- with `--live`, the link emulator's and the KV path's targets last (bench/live_targets.py:
+  their CPU per round trip and per GB, the emulator's bandwidth error, KV transfer's CPU per GB
+  and MB/s, the receiver under floods; the cuts judged against `--before`, a checkout from
+  before the issue), so this one command prints every figure the issue asks for.
 
     python bench/sim_targets.py --trace ../shared/traces/mooncake_synthetic_trace.jsonl \\
         [--repeat 5] [--times 10] [--scale-repeat 3 | --no-scale] [--instructions] \\
-        [--report bench/reports/sim_targets.md [--title HOST]]
+        [--live [--before /tmp/before]] [--report bench/reports/sim_targets.md [--title HOST]]
 
 The ratios are the median of each round's ratio (the two runs of a pair ran back to back);
-x10 against x1 is the median of ten copies over the median of one. The link emulator's and the
-KV path's targets compare the code with the code before a change (bench/link_cpu.py,
-bench/transfer_cpu.py), so they are not judged here.
+x10 against x1 is the median of ten copies over the median of one.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import sim_scale  # bench/ is on sys.path
+import live_targets  # bench/ is on sys.path
+import sim_scale
 from provenance import markdown_section
 from sim_speed import (
     ROOT,
@@ -63,7 +66,8 @@ class Verdict:
 
     target: str
     figure: str
-    met: bool
+    met: bool | None
+    """None: not judged on this run (a cut with no checkout from before to cut from)."""
 
 
 def verdicts(
@@ -139,7 +143,8 @@ def verdicts(
 
 def verdict_table(found: list[Verdict]) -> str:
     lines = ["| target | on this host: median [min-max] | verdict |", "|---|---|---|"]
-    lines += [f"| {v.target} | {v.figure} | {'met' if v.met else 'NOT met'} |" for v in found]
+    said = {True: "met", False: "NOT met", None: "not judged"}
+    lines += [f"| {v.target} | {v.figure} | {said[v.met]} |" for v in found]
     return "\n".join(lines) + "\n"
 
 
@@ -165,6 +170,11 @@ def main() -> int:
         "--instructions", action="store_true",
         help="also count each policy's x1 instructions once under callgrind (host-independent)",
     )  # fmt: skip
+    ap.add_argument(
+        "--live", action="store_true",
+        help="also measure and judge the link emulator's and the KV path's targets (last)",
+    )  # fmt: skip
+    live_targets.add_options(ap)
     ap.add_argument("--report", type=Path, help="write the verdicts and tables here")
     ap.add_argument(
         "--title", help="the report section's name (the host, say): a run replaces only the "
@@ -177,6 +187,9 @@ def main() -> int:
         ap.error(f"--trace {args.trace}: no such file")
     if args.instructions and not (shutil.which("valgrind") and shutil.which("callgrind_control")):
         ap.error("--instructions needs valgrind and callgrind_control (Debian: valgrind)")
+    if args.before is not None and not args.live:
+        ap.error("--before is the live targets' checkout: give --live too")
+    live_targets.check_options(ap, args)
     cpu = None if args.cpu < 0 else args.cpu
     load_before = os.getloadavg()
     x1: Rows = {}
@@ -216,8 +229,14 @@ def main() -> int:
                 args.scale_factor, args.scale_duration, args.cpu, policy, args.scale_repeat
             )
     found = verdicts(x1, timeline, many, args.times, hours)
+    live = None
+    if args.live:
+        live = live_targets.measure(args.repeat, args.before, args.rtts, args.mib, args.kv_mib)
+        found += [Verdict(*v) for v in live_targets.verdicts(live)]
+    judged = [v for v in found if v.met is not None]
     text = "\n".join([
-        f"{sum(v.met for v in found)} of {len(found)} targets met on this host.\n",
+        f"{sum(bool(v.met) for v in judged)} of {len(judged)} targets met on this host"
+        + (f" ({len(found) - len(judged)} not judged).\n" if len(judged) < len(found) else ".\n"),
         verdict_table(found),
         "The runs, median [min-max] per policy (the x1 runs without the timeline):\n",
         runs_table({("x1", p): rs for p, rs in x1.items()}
@@ -230,6 +249,8 @@ def main() -> int:
         text += "| policy | G instructions | / prfaas-static |\n|---|---|---|\n"
         text += "".join(f"| {p} | {ratio[p] / 1e9:.3f} | {ratio[p] / ratio[STATIC]:.2f}x |\n"
                         for p in POLICIES)  # fmt: skip
+    if live is not None:
+        text += "\n" + live_targets.tables(live)
     print(text)
     if args.report is not None:
         if not args.report.exists():
@@ -237,7 +258,9 @@ def main() -> int:
         setup = (f"{args.scenario} on the sim substrate, its seed, trace {args.trace.name} "
                  f"(x1 and x{args.times}); runs pinned to core {cpu}, one at a time, "
                  f"interleaved; 10K-GPU: bench/sim_scale.py x{args.scale_factor}"
-                 + (" (not run)" if args.no_scale else ""))  # fmt: skip
+                 + (" (not run)" if args.no_scale else "")
+                 + ("; then bench/live_targets.py on loopback, its cuts against "
+                    f"{args.before or 'nothing (no --before)'}" if args.live else ""))  # fmt: skip
         name, heading = section(args.title)
         markdown_section(args.report, name, heading, load_before, setup, text)
     return 0

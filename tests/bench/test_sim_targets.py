@@ -110,3 +110,16 @@ def test_each_title_is_a_section_of_its_own(targets: Any, tmp_path: Path) -> Non
     assert "## Issue #35's simulation targets: Intel Xeon, family 6 model 207" in body
     assert "<!-- sim_targets-intel-xeon-family-6-model-207:start -->" in body
     assert "three" in body and "two" in body and "one" not in body
+
+
+def test_a_target_not_judged_is_said_so_in_the_table(targets: Any) -> None:
+    """A cut with no checkout from before (`--live` without `--before`) is neither met nor
+    missed: the table says "not judged"."""
+    table = targets.verdict_table([
+        targets.Verdict("a", "1 s", True),
+        targets.Verdict("b", "2 s", False),
+        targets.Verdict("c", "3 s", None),
+    ])  # fmt: skip
+    assert "| a | 1 s | met |" in table
+    assert "| b | 2 s | NOT met |" in table
+    assert "| c | 3 s | not judged |" in table

@@ -9,7 +9,8 @@ Exempt, with the reason (docs/experiments.md lists them too):
   (minutes per figure, and their point is the wall clock);
 - link_accuracy.py, shaper_agreement.py: live, and the tc shaper needs root;
 - link_cpu.py, transfer_cpu.py: live emulator or transfer processes and sockets (their figure
-  is its CPU); floor_relay.py is link_cpu.py's relay process;
+  is its CPU); floor_relay.py is link_cpu.py's relay process; live_targets.py runs both (and
+  link_accuracy.py's bandwidth sweep, receiver_flood.py);
 - router_faults.py: live, the external routers (vllm-router, SGLang's gateway) installed;
 - image_build.py: a Docker engine, and it rebuilds the project's images;
 - real_model_timing.py: torch (the `model` extra);
@@ -136,6 +137,7 @@ EXEMPT = {
     "image_build.py": "Docker engine; rebuilds the project's images",
     "link_accuracy.py": "live, tc needs root",
     "link_cpu.py": "live emulator processes and sockets",
+    "live_targets.py": "live emulator and transfer processes and sockets",
     "long_prompts.py": "live",
     "per_copy.py": "a helper of sim_speed.py (--per-copy), not a bench",
     "policy_http.py": "live",
