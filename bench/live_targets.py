@@ -185,8 +185,10 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5, help="rounds of the CPU figures")
     add_options(ap)
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
     check_options(ap, args)
-    fig = measure(max(args.repeat, 1), args.before, args.rtts, args.mib, args.kv_mib)
+    fig = measure(args.repeat, args.before, args.rtts, args.mib, args.kv_mib)
     found = verdicts(fig)
     for target, figure, met in found:
         print(f"{'not judged' if met is None else 'met' if met else 'NOT met':>10}  {target}: "
