@@ -202,12 +202,17 @@ FIGURES = {
 """Figure key -> (label, format), in the table's order (provenance.checkout_table)."""
 
 
-def table(results: dict[str, list[dict[str, float]]]) -> str:
+def add_ratios(results: dict[str, list[dict[str, float]]]) -> None:
+    """Each round's ratios (against raw loopback and the floor), from its own figures."""
     for runs in results.values():
         for r in runs:
             r["of_raw"] = r["mb_s"] / r["raw_mb_s"]
             r["rtt_over_floor"] = r["rtt_us"] / r["floor_rtt_us"]
             r["gb_over_floor"] = r["s_per_gb"] / r["floor_s_per_gb"]
+
+
+def table(results: dict[str, list[dict[str, float]]]) -> str:
+    add_ratios(results)
     return "\n".join(checkout_table(results, FIGURES))
 
 

@@ -71,14 +71,9 @@ def measure(repeat: int, before: Path | None, rtts: int, mib: int, kv_mib: int) 
     print(f"the link emulator's CPU, {repeat} rounds", flush=True)
     link_args = argparse.Namespace(repeat=repeat, src=srcs[1:], rtts=rtts, mib=mib, shaped=0.0)
     out.link = link_cpu.run(link_args)
-    link_cpu.table(out.link)  # adds each round's ratios (of_raw, against the floor)
+    link_cpu.add_ratios(out.link)
     print(f"KV transfer's CPU, {repeat} rounds", flush=True)
-    kv_args = argparse.Namespace(mib=kv_mib, connections=4)
-    out.kv = {str(s): [] for s in srcs}
-    for r in range(repeat):
-        for src in srcs if r % 2 == 0 else srcs[::-1]:
-            out.kv[str(src)].append(transfer_cpu.one(src, kv_args))
-            print(f"round {r + 1} {src}: {out.kv[str(src)][-1]}", file=sys.stderr, flush=True)
+    out.kv = transfer_cpu.run(srcs, argparse.Namespace(mib=kv_mib, connections=4), repeat)
     print("the emulator's bandwidth, 1 Mbit/s to 1 Gbit/s", flush=True)
     with link_accuracy.emulator_process(ROOT) as (url, _):
         out.bandwidth = link_accuracy.bandwidth_emulator(url)
@@ -151,7 +146,7 @@ def verdicts(fig: LiveFigures) -> list[Judged]:
 def tables(fig: LiveFigures) -> str:
     """The rounds behind the verdicts, per checkout."""
     parts = ["The link emulator (bench/link_cpu.py's figures), median per checkout:\n"]
-    parts += checkout_table(fig.link, link_cpu.FIGURES)
+    parts += [link_cpu.table(fig.link)]
     parts += ["", "KV transfer, 4 connections, CRC32C (bench/transfer_cpu.py's figures):\n"]
     parts += checkout_table(fig.kv, transfer_cpu.FIGURES)
     parts += ["", "The emulator's bandwidth (Mbit/s, achieved):\n",

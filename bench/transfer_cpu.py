@@ -68,6 +68,18 @@ def one(src: Path, args: argparse.Namespace) -> dict[str, float]:
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
+def run(
+    srcs: list[Path], args: argparse.Namespace, repeat: int
+) -> dict[str, list[dict[str, float]]]:
+    """`repeat` rounds, each measuring every checkout in turn (who goes first alternates)."""
+    results: dict[str, list[dict[str, float]]] = {str(s): [] for s in srcs}
+    for r in range(repeat):
+        for src in srcs if r % 2 == 0 else srcs[::-1]:
+            results[str(src)].append(one(src, args))
+            print(f"round {r + 1} {src}: {results[str(src)][-1]}", file=sys.stderr, flush=True)
+    return results
+
+
 FIGURES = {
     "sender_s_per_gb": ("sender CPU s per GB", "{:.3f}"),
     "receiver_s_per_gb": ("receiver CPU s per GB", "{:.3f}"),
@@ -92,12 +104,7 @@ def main() -> int:
     from provenance import checkout_table, provenance, write_section
 
     load = os.getloadavg()
-    srcs = [ROOT, *(Path(s).resolve() for s in args.src)]
-    results: dict[str, list[dict[str, float]]] = {str(s): [] for s in srcs}
-    for r in range(args.repeat):
-        for src in srcs if r % 2 == 0 else srcs[::-1]:
-            results[str(src)].append(one(src, args))
-            print(f"round {r + 1} {src}: {results[str(src)][-1]}", file=sys.stderr)
+    results = run([ROOT, *(Path(s).resolve() for s in args.src)], args, args.repeat)
     lines = checkout_table(results, FIGURES)
     head = provenance(
         "bench/transfer_cpu.py",
