@@ -123,3 +123,18 @@ def test_a_target_not_judged_is_said_so_in_the_table(targets: Any) -> None:
     assert "| a | 1 s | met |" in table
     assert "| b | 2 s | NOT met |" in table
     assert "| c | 3 s | not judged |" in table
+
+
+def test_the_ratio_targets_are_judged_again_in_instructions(targets: Any) -> None:
+    one = {"prfaas-static": 2.87e9, "prfaas": 3.45e9, "prfaas-predict": 3.74e9}
+    many = {"prfaas-static": 27.3e9, "prfaas": 36.5e9, "prfaas-predict": 37.0e9}
+    found = {v.target: v for v in targets.instruction_verdicts(one, many, 10)}
+    assert found["prfaas <= 1.3x prfaas-static, in instructions"].met  # 1.20x
+    assert not found["prfaas-predict <= 1.3x prfaas-static, in instructions"].met  # 1.303x
+    assert found["prfaas-static, x10 <= 10.5x x1, in instructions"].met  # 9.51x
+    assert not found["prfaas, x10 <= 10.5x x1, in instructions"].met  # 10.58x
+    assert found["prfaas-predict, x10 <= 10.5x x1, in instructions"].met  # 9.89x
+    assert (
+        found["prfaas <= 1.3x prfaas-static, in instructions"].figure
+        == "1.20x (3.450 G against 2.870)"
+    )
