@@ -14,8 +14,8 @@ to one core (bench/sim_speed.py's runs), and judged side by side:
   project's hosts);
 - with `--instructions`, one x1 and one x10 run per policy under callgrind: the ratio
   targets judged again in instructions, which depend neither on the host nor on its hour
-  (about 30x slower: 10-20 minutes more), beside the CPU verdicts and not counted with
-  them;
+  (about 30x slower: some 25 minutes more on this project's hosts), beside the CPU
+  verdicts and not counted with them;
 - with `--live`, the link emulator's and the KV path's targets last (bench/live_targets.py:
   their CPU per round trip and per GB, the emulator's bandwidth error, KV transfer's CPU per GB
   and MB/s, the receiver under floods; the cuts judged against `--before`, a checkout from
@@ -199,7 +199,7 @@ def main() -> int:
     ap.add_argument(
         "--instructions", action="store_true",
         help="also count each policy's x1 and x10 instructions once under callgrind and judge "
-        "the ratio targets in them (host-independent; 10-20 minutes more)",
+        "the ratio targets in them (host-independent; some 25 minutes more)",
     )  # fmt: skip
     ap.add_argument(
         "--live", action="store_true",
